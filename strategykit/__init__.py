@@ -1,0 +1,20 @@
+"""strategykit: data-parallel Keras training across several devices, correct and visible.
+
+Example:
+    >>> import strategykit as sk
+    >>> strategy = sk.mirrored(replicas=2)  # doctest: +SKIP
+    >>> sk.describe(strategy)["replicas"]  # doctest: +SKIP
+    2
+"""
+
+__version__ = "0.1.0"
+
+from strategykit.describe import describe
+from strategykit.strategy import from_env, mirrored
+
+__all__ = [
+    "__version__",
+    "describe",
+    "from_env",
+    "mirrored",
+]

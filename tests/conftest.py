@@ -1,0 +1,61 @@
+"""The multi-device set-up of the suite: 4 logical CPU devices before TensorFlow starts.
+
+TensorFlow fixes its device list once per process, so this runs before any test module
+imports TensorFlow. Tests build strategies over `/cpu:0` .. `/cpu:N-1` with the
+`strategy` fixture; tests of code that itself configures devices use `run_python` to run
+in a fresh process.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import pytest  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+LOGICAL_CPUS = 4
+
+_cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(
+    _cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(LOGICAL_CPUS)]
+)
+
+import strategykit as sk  # noqa: E402
+
+
+def cpu_devices(replicas: int) -> list[str]:
+    """The names of the first `replicas` logical CPU devices."""
+    return [f"/cpu:{i}" for i in range(replicas)]
+
+
+@pytest.fixture
+def make_strategy():
+    """Builds a MirroredStrategy over the first N logical CPUs: `make_strategy(2)`."""
+    return lambda replicas: sk.mirrored(cpu_devices(replicas))
+
+
+@pytest.fixture
+def run_python(tmp_path):
+    """Runs Python source in a fresh process; returns the CompletedProcess.
+
+    The process starts without the suite's logical devices, so it sees the machine as a
+    user's script does. Raises AssertionError with the output when it fails, unless
+    `check=False`.
+    """
+
+    def run(source: str, *, check: bool = True, env: dict | None = None, timeout: int = 300):
+        script = tmp_path / "script.py"
+        script.write_text(textwrap.dedent(source))
+        full_env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
+        result = subprocess.run(
+            [sys.executable, str(script)], capture_output=True, text=True,
+            env=full_env, timeout=timeout,
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(f"script failed:\n{result.stdout}\n{result.stderr}")
+        return result
+
+    return run
