@@ -9,11 +9,14 @@ Example:
 
 __version__ = "0.1.0"
 
+from strategykit.check import CheckReport, check
 from strategykit.describe import describe
 from strategykit.strategy import from_env, mirrored
 
 __all__ = [
     "__version__",
+    "CheckReport",
+    "check",
     "describe",
     "from_env",
     "mirrored",
