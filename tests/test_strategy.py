@@ -74,7 +74,11 @@ def test_each_strategy_gets_its_own_collective_key_range():
 
 @pytest.mark.parametrize(
     ("choice", "expected"),
-    [("reduce_to_one_device", "reduce_to_one_device"), ("auto", "collective ring")],
+    [
+        ("reduce_to_one_device", "reduce_to_one_device"),
+        ("hierarchical_copy", "hierarchical_copy"),
+        ("auto", "collective ring"),
+    ],
 )
 def test_cross_device_ops_by_name(choice, expected):
     strategy = sk.mirrored(cpu_devices(2), cross_device_ops=choice)
