@@ -27,18 +27,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 def fit_step_seconds(model, data, *, steps: int, epochs: int = 4) -> float:
     """Seconds per `fit()` step: fastest of `epochs` timed epochs after one warm-up epoch."""
-    import keras
-
-    class EpochTimer(keras.callbacks.Callback):
-        def __init__(self):
-            super().__init__()
-            self.seconds = []
-
-        def on_epoch_begin(self, epoch, logs=None):
-            self.start = time.perf_counter()
-
-        def on_epoch_end(self, epoch, logs=None):
-            self.seconds.append(time.perf_counter() - self.start)
+    from strategykit.timing import EpochTimer
 
     timer = EpochTimer()
     model.fit(data, epochs=epochs + 1, steps_per_epoch=steps, verbose=0, callbacks=[timer])

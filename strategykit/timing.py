@@ -1,0 +1,41 @@
+"""`EpochTimer`: the wall time of every epoch of `fit()`, for the demo and the benchmarks."""
+
+from __future__ import annotations
+
+import time
+
+import keras
+
+
+class EpochTimer(keras.callbacks.Callback):
+    """Records the wall time of each epoch, in seconds, in `seconds`.
+
+    The first epoch includes tracing the train function; later epochs are the steady
+    state. On a noisy machine take the fastest later epoch: interference only adds time.
+
+    Example:
+        >>> import keras, numpy as np
+        >>> from strategykit.timing import EpochTimer
+        >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+        >>> model.compile("sgd", "mse")
+        >>> timer = EpochTimer()
+        >>> _ = model.fit(np.ones((8, 2)), np.ones(8), epochs=2, verbose=0, callbacks=[timer])
+        >>> len(timer.seconds)
+        2
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.seconds: list[float] = []
+        self._start = 0.0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._start = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.seconds.append(time.perf_counter() - self._start)
+
+    @property
+    def steady_seconds(self) -> list[float]:
+        """The epochs after the first (which traces); the first alone if there is one."""
+        return self.seconds[1:] or self.seconds
