@@ -11,7 +11,9 @@ __version__ = "0.1.0"
 
 from strategykit.check import CheckReport, check
 from strategykit.describe import describe
+from strategykit.sharding import per_replica_batch_size, replica_batches, shard
 from strategykit.strategy import from_env, mirrored
+from strategykit.tfds_input import shard_tfds
 
 __all__ = [
     "__version__",
@@ -20,4 +22,8 @@ __all__ = [
     "describe",
     "from_env",
     "mirrored",
+    "per_replica_batch_size",
+    "replica_batches",
+    "shard",
+    "shard_tfds",
 ]

@@ -1,0 +1,184 @@
+"""Per-replica batches of one input pipeline: sample weights, and the final partial batch.
+
+`sk.shard` turns every input into a stream of unbatched examples per input pipeline;
+`batch_for_replicas` batches them for the replicas that pipeline feeds and appends a
+sample weight to every example. The final partial batch is handled in one of three ways:
+
+* **pad** (default): the final global batch of `r` real examples is filled up to the full
+  global batch with copies of real examples that carry `sample_weight == 0`. The real
+  examples are spread as evenly as possible over the replicas, in order (replica `k` gets
+  the next `r // N` or `r // N + 1`), so no replica ever gets an empty batch, and they
+  carry `sample_weight == global_batch_size / r`. With a loss reduced by
+  `"sum_over_batch_size"` (the Keras default), Keras' per-replica mean and its 1/N
+  replica scaling then give exactly the mean loss (and gradient) over the `r` real
+  examples, as one device training on those `r` examples would.
+* **split** (for evaluation): nothing is padded and every weight is 1. The final
+  partial batch is spread as evenly as possible over the replicas, in order, so no
+  replica is empty when it holds at least one example per replica. When it holds fewer
+  (and the size of the data is known), it joins the batch before it, which then
+  spreads `global_batch_size + r` examples. Loss, `metrics` and `weighted_metrics` of
+  `evaluate()` are then exactly those over every example once, and no replica runs an
+  empty batch (which TensorFlow's CPU convolutions get wrong). Training this way is not
+  exact: replicas of unequal size are averaged with equal weight.
+* **drop**: the final partial batch is dropped.
+
+Full batches always carry `sample_weight == 1` (times a weight the user passed).
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+
+def split_labels(element):
+    """Splits an example into `(x, y, sample_weight)`; `y` and the weight may be None.
+
+    A tuple of 2 or 3 is `(x, y)` or `(x, y, sample_weight)` as in Keras; anything else
+    (an array, a dict, a 1-tuple) is features only.
+    """
+    if isinstance(element, tuple) and not hasattr(element, "_fields"):
+        if len(element) == 1:
+            return element[0], None, None
+        if len(element) in (2, 3):
+            return (*element, None)[:3]
+    return element, None, None
+
+
+def batch_for_replicas(
+    examples: tf.data.Dataset,
+    *,
+    pipeline_batch_size: int,
+    replicas: int,
+    remainder: str,
+    per_replica: bool,
+    size: int | None = None,
+) -> tf.data.Dataset:
+    """Batches one pipeline's examples for its replicas, with sample weights.
+
+    Args:
+        examples: unbatched examples: `(x, y)`, `(x, y, sample_weight)` or features `x`.
+        pipeline_batch_size: examples per step for this pipeline (all its replicas).
+        replicas: replicas this pipeline feeds; `pipeline_batch_size` is a multiple.
+        remainder: `"pad"`, `"split"` or `"drop"`.
+        per_replica: cut every batch into per-replica batches (for
+            `distribute_datasets_from_function`); otherwise the batches are global
+            (for `experimental_distribute_dataset`, which cuts them itself).
+        size: the number of examples of this pipeline, when known (`"split"` uses it).
+
+    Returns:
+        A dataset of batches `(x, y, w)`, or `x` for features-only data (which cannot
+        carry weights: its padded copies are not marked).
+    """
+    if remainder == "split":
+        batches = _batches_without_tiny_remainder(examples, pipeline_batch_size, replicas, size)
+    else:
+        batches = examples.batch(pipeline_batch_size, drop_remainder=remainder == "drop")
+    pad = remainder == "pad"
+
+    def weigh(*element):
+        element = element[0] if len(element) == 1 else element
+        x, y, user_weight = split_labels(element)
+        if y is None:
+            return _pad(x, pipeline_batch_size, replicas) if pad else x
+        size = tf.shape(tf.nest.flatten(x)[0])[0]
+        weight = tf.ones([size], tf.float32)
+        if user_weight is not None:
+            weight = tf.cast(user_weight, tf.float32) * weight
+        if not pad:
+            return x, y, weight
+        return _pad((x, y, weight), pipeline_batch_size, replicas, weighted=True)
+
+    batches = batches.map(weigh, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    if not per_replica:
+        return batches
+    if remainder == "split":
+        return split_evenly(batches, replicas)
+    return batches.rebatch(pipeline_batch_size // replicas)
+
+
+def split_evenly(batches: tf.data.Dataset, replicas: int) -> tf.data.Dataset:
+    """Cuts every batch into `replicas` consecutive per-replica batches, in order.
+
+    Sizes differ by at most one (the first replicas get the extra examples), so no
+    replica is empty while the batch holds at least one example per replica.
+    """
+
+    def pieces(*element):
+        element = element[0] if len(element) == 1 else element
+        size = tf.shape(tf.nest.flatten(element)[0])[0]
+        base, extra = size // replicas, size % replicas
+
+        def piece(replica):
+            replica = tf.cast(replica, tf.int32)
+            start = replica * base + tf.minimum(replica, extra)
+            end = start + base + tf.cast(replica < extra, tf.int32)
+            return tf.nest.map_structure(lambda t: t[start:end], element)
+
+        return tf.data.Dataset.range(replicas).map(piece)
+
+    return batches.flat_map(pieces)
+
+
+def _batches_without_tiny_remainder(examples, batch_size: int, replicas: int, size):
+    """Batches of `batch_size`; a final remainder smaller than `replicas` joins the one
+    before it (when `size`, the number of examples, is known and there is one before)."""
+    remainder = size % batch_size if size is not None else 0
+    if not 0 < remainder < replicas or size < batch_size:
+        return examples.batch(batch_size)
+    last = size // batch_size - 1
+
+    def key(index, _):
+        return tf.minimum(index // batch_size, last)
+
+    def window_size(key):
+        return tf.where(key == last, tf.cast(batch_size + remainder, tf.int64),
+                        tf.cast(batch_size, tf.int64))
+
+    def batch_window(_, window):
+        return window.map(lambda index, element: element).batch(batch_size + remainder)
+
+    return examples.enumerate().group_by_window(key, batch_window,
+                                                window_size_func=window_size)
+
+
+def _pad(element, batch_size: int, replicas: int, *, weighted: bool = False):
+    """The batch itself when full, else the padded, spread layout (see module docstring)."""
+    size = tf.shape(tf.nest.flatten(element)[0])[0]
+
+    def padded():
+        indices, real = spread_indices(size, batch_size, replicas)
+        out = tf.nest.map_structure(lambda t: tf.gather(t, indices), element)
+        if not weighted:
+            return out
+        x, y, weight = out
+        scale = tf.cast(batch_size, tf.float32) / tf.cast(size, tf.float32)
+        return x, y, tf.where(real, weight * scale, tf.zeros_like(weight))
+
+    full = tf.cond(size < batch_size, padded, lambda: element)
+    # Every batch is full now: say so in the static shape. tf.distribute then takes the
+    # plain `get_next` path rather than its slower partial-batch handling.
+    return tf.nest.map_structure(
+        lambda t: tf.ensure_shape(t, [batch_size, *t.shape[1:]]), full)
+
+
+def spread_indices(size, batch_size: int, replicas: int):
+    """Where each slot of a padded batch reads from, and whether it is a real example.
+
+    Slot `j` belongs to replica `j // per_replica`. Replica `k` holds real examples
+    `start_k .. start_k + count_k - 1` (counts as even as possible, in order), then
+    copies of its own real examples, or of any real example when it has none.
+
+    Returns:
+        `(indices, real)`: int32 indices into the `size` real examples, and a bool mask.
+    """
+    per_replica = batch_size // replicas
+    slot = tf.range(batch_size)
+    replica, position = slot // per_replica, slot % per_replica
+    base, extra = size // replicas, size % replicas
+    count = base + tf.cast(replica < extra, tf.int32)
+    start = replica * base + tf.minimum(replica, extra)
+    real = position < count
+    own_copy = start + position % tf.maximum(count, 1)
+    indices = tf.where(count > 0, own_copy, slot % size)
+    return indices, real
+
