@@ -10,15 +10,19 @@ Example:
 __version__ = "0.1.0"
 
 from strategykit.check import CheckReport, check
+from strategykit.convert import convert_sync_batchnorm
 from strategykit.describe import describe
 from strategykit.sharding import per_replica_batch_size, replica_batches, shard
 from strategykit.strategy import from_env, mirrored
+from strategykit.sync_bn import SyncBatchNormalization
 from strategykit.tfds_input import shard_tfds
 
 __all__ = [
     "__version__",
     "CheckReport",
+    "SyncBatchNormalization",
     "check",
+    "convert_sync_batchnorm",
     "describe",
     "from_env",
     "mirrored",

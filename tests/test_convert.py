@@ -1,0 +1,190 @@
+"""convert_sync_batchnorm: every BatchNormalization synchronized, every weight kept exactly."""
+
+import keras
+import numpy as np
+import pytest
+
+import strategykit as sk
+
+
+def randomize(model, seed=0):
+    """Gives every weight (moving statistics too) a distinct random value, variances > 0."""
+    rng = np.random.default_rng(seed)
+    model.set_weights([rng.uniform(0.5, 1.5, size=w.shape).astype(w.dtype)
+                       for w in model.get_weights()])
+    return model
+
+
+def batch_norms(model):
+    """Every batch norm layer of the model, nested models included, by name."""
+    found = {}
+    for layer in model.layers:
+        if isinstance(layer, keras.Model):
+            found.update(batch_norms(layer))
+        elif isinstance(layer, keras.layers.BatchNormalization):
+            found[layer.name] = layer
+    return found
+
+
+def assert_same_weights(a, b):
+    assert [w.path for w in a.weights] == [w.path for w in b.weights]
+    for x, y in zip(a.weights, b.weights):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y), err_msg=x.path)
+
+
+def nested_model():
+    inner_sequential = keras.Sequential(
+        [keras.Input((6,)), keras.layers.Dense(5, name="d1"),
+         keras.layers.BatchNormalization(name="bn_seq")], name="inner_seq")
+    inner_inputs = keras.Input((5,))
+    inner_functional = keras.Model(
+        inner_inputs, keras.layers.BatchNormalization(name="bn_fun")(
+            keras.layers.Dense(5, name="d2")(inner_inputs)), name="inner_fun")
+    inputs = keras.Input((6,))
+    x = inner_functional(inner_sequential(inputs))
+    outputs = keras.layers.BatchNormalization(name="bn_top")(x)
+    model = keras.Model(inputs, outputs, name="outer")
+    model.get_layer("bn_top").trainable = False
+    inner_sequential.get_layer("d1").trainable = False
+    return randomize(model)
+
+
+def test_sequential_model():
+    model = randomize(keras.Sequential(
+        [keras.Input((4,)), keras.layers.Dense(3, name="dense"),
+         keras.layers.BatchNormalization(momentum=0.9, epsilon=1e-4, name="bn")], name="seq"))
+    converted = sk.convert_sync_batchnorm(model)
+    assert isinstance(converted, keras.Sequential) and converted.name == "seq"
+    layer = converted.get_layer("bn")
+    assert type(layer) is sk.SyncBatchNormalization
+    assert (layer.momentum, layer.epsilon) == (0.9, 1e-4)
+    assert_same_weights(model, converted)
+    assert type(model.get_layer("bn")) is keras.layers.BatchNormalization  # unchanged
+
+
+def test_nested_functional_and_sequential_models_keep_names_and_trainable_flags():
+    model = nested_model()
+    converted = sk.convert_sync_batchnorm(model)
+    assert {name: type(layer) for name, layer in batch_norms(converted).items()} == {
+        "bn_seq": sk.SyncBatchNormalization, "bn_fun": sk.SyncBatchNormalization,
+        "bn_top": sk.SyncBatchNormalization}
+    assert [layer.name for layer in converted.layers] == [layer.name for layer in model.layers]
+    assert converted.get_layer("bn_top").trainable is False
+    assert converted.get_layer("inner_seq").get_layer("d1").trainable is False
+    assert converted.get_layer("inner_fun").trainable is True
+    assert [w.path for w in converted.trainable_weights] == [
+        w.path for w in model.trainable_weights]
+    assert_same_weights(model, converted)
+    x = np.random.default_rng(1).normal(size=(5, 6)).astype("float32")
+    np.testing.assert_array_equal(converted.predict(x, verbose=0), model.predict(x, verbose=0))
+
+
+def test_the_way_back_gives_plain_batch_normalization():
+    model = nested_model()
+    synced = sk.convert_sync_batchnorm(model)
+    plain = sk.convert_sync_batchnorm(synced, synchronized=False)
+    assert all(type(layer) is keras.layers.BatchNormalization
+               for layer in batch_norms(plain).values())
+    assert not any(layer.synchronized for layer in batch_norms(plain).values())
+    assert_same_weights(model, plain)
+    assert plain.get_layer("bn_top").trainable is False
+
+
+def test_compiled_model_stays_compiled():
+    model = keras.Sequential([keras.Input((3,)), keras.layers.BatchNormalization()])
+    model.compile(keras.optimizers.SGD(0.1), "mse")
+    converted = sk.convert_sync_batchnorm(model)
+    assert converted.compiled
+    assert converted.get_compile_config() == model.get_compile_config()
+
+
+def test_inside_a_strategy_scope_the_variables_belong_to_it(make_strategy):
+    strategy = make_strategy(2)
+    model = nested_model()
+    with strategy.scope():
+        converted = sk.convert_sync_batchnorm(model)
+    assert all(strategy.extended.variable_created_in_scope(w.value) for w in converted.weights)
+    assert_same_weights(model, converted)
+    x = np.random.default_rng(2).normal(size=(8, 6)).astype("float32")
+    np.testing.assert_allclose(converted.predict(x, verbose=0), model.predict(x, verbose=0),
+                               atol=1e-6)
+
+
+@pytest.mark.parametrize("application", ["ResNet50", "MobileNetV2", "EfficientNetB0"])
+def test_keras_applications_predict_identically(application):
+    keras.utils.set_random_seed(0)
+    model = getattr(keras.applications, application)(
+        weights=None, input_shape=(32, 32, 3), classes=10)
+    converted = sk.convert_sync_batchnorm(model)
+    original_norms, converted_norms = batch_norms(model), batch_norms(converted)
+    assert len(original_norms) > 40 and converted_norms.keys() == original_norms.keys()
+    assert all(type(layer) is sk.SyncBatchNormalization for layer in converted_norms.values())
+    assert_same_weights(model, converted)
+    x = np.random.default_rng(0).uniform(0, 255, size=(2, 32, 32, 3)).astype("float32")
+    np.testing.assert_array_equal(converted(x, training=False), model(x, training=False))
+
+
+def test_converted_resnet50_save_and_load_round_trip(tmp_path):
+    model = keras.applications.ResNet50(weights=None, input_shape=(32, 32, 3), classes=10)
+    converted = sk.convert_sync_batchnorm(model)
+    path = tmp_path / "resnet50.keras"
+    converted.save(path)
+    loaded = keras.models.load_model(path)
+    assert all(type(layer) is sk.SyncBatchNormalization for layer in batch_norms(loaded).values())
+    assert_same_weights(converted, loaded)
+    x = np.random.default_rng(0).uniform(0, 255, size=(2, 32, 32, 3)).astype("float32")
+    np.testing.assert_array_equal(loaded(x, training=False), model(x, training=False))
+
+
+class Subclassed(keras.Model):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.dense = keras.layers.Dense(3)
+        self.norm = keras.layers.BatchNormalization()
+
+    def call(self, x):
+        return self.norm(self.dense(x))
+
+
+def test_subclassed_model_gets_a_clear_error():
+    model = Subclassed(name="mine")
+    model(np.ones((2, 4), "float32"))
+    with pytest.raises(ValueError, match=r"subclassed model 'mine' \(Subclassed\).*"
+                                         r"sk.SyncBatchNormalization\(...\)"):
+        sk.convert_sync_batchnorm(model)
+
+
+def test_subclassed_model_nested_in_a_functional_one_gets_a_clear_error():
+    inner = Subclassed(name="block")
+    inputs = keras.Input((4,))
+    model = keras.Model(inputs, inner(inputs))
+    with pytest.raises(ValueError, match=r"nested subclassed model 'block'.*batch norm layers "
+                                         r"\['batch_normalization.*'\].*Functional API"):
+        sk.convert_sync_batchnorm(model)
+
+
+def test_rejects_renorm_layers():
+    model = keras.Sequential([keras.Input((3,)),
+                              keras.layers.BatchNormalization(renorm=True, name="rn")])
+    with pytest.raises(ValueError, match=r"'rn' uses batch renormalization.*renorm=True"):
+        sk.convert_sync_batchnorm(model)
+
+
+def test_rejects_what_is_not_a_model():
+    with pytest.raises(ValueError, match=r"expects a Keras model. Received: BatchNormalization"):
+        sk.convert_sync_batchnorm(keras.layers.BatchNormalization())
+
+
+def test_rejects_a_non_boolean_synchronized():
+    model = keras.Sequential([keras.Input((3,)), keras.layers.BatchNormalization()])
+    with pytest.raises(ValueError, match=r"synchronized must be True or False.*'yes'"):
+        sk.convert_sync_batchnorm(model, synchronized="yes")
+
+
+def test_sequential_built_by_calling_it():
+    model = keras.Sequential([keras.layers.Dense(3), keras.layers.BatchNormalization()])
+    model(np.ones((2, 4), "float32"))  # built without an Input
+    randomize(model)
+    converted = sk.convert_sync_batchnorm(model)
+    assert type(converted.layers[-1]) is sk.SyncBatchNormalization
+    assert_same_weights(model, converted)
