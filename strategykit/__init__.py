@@ -9,9 +9,11 @@ Example:
 
 __version__ = "0.1.0"
 
+from strategykit import callbacks
 from strategykit.check import CheckReport, check
 from strategykit.convert import convert_sync_batchnorm
 from strategykit.describe import describe
+from strategykit.reduction import reduce
 from strategykit.sharding import per_replica_batch_size, replica_batches, shard
 from strategykit.strategy import from_env, mirrored
 from strategykit.sync_bn import SyncBatchNormalization
@@ -21,12 +23,14 @@ __all__ = [
     "__version__",
     "CheckReport",
     "SyncBatchNormalization",
+    "callbacks",
     "check",
     "convert_sync_batchnorm",
     "describe",
     "from_env",
     "mirrored",
     "per_replica_batch_size",
+    "reduce",
     "replica_batches",
     "shard",
     "shard_tfds",

@@ -1,0 +1,225 @@
+"""`CrossReplicaLoss`: every replica's loss, its reductions and a NaN guard, in `logs`."""
+
+from __future__ import annotations
+
+import warnings
+
+import keras
+import numpy as np
+
+from strategykit.callbacks import nan_guard, replica_drift
+from strategykit.callbacks.step_hooks import StepHooks
+from strategykit.reduction import REDUCE_OPS, reduce_stacked
+
+DEFAULT_REDUCTIONS = ("mean", "min", "max", "std")
+
+
+class CrossReplicaLoss(keras.callbacks.Callback):
+    """Puts each replica's loss and their reductions into `logs`, and guards against NaN.
+
+    Add it to `fit(callbacks=[...])`; the model and its code stay as they are. Keys, per
+    batch and per epoch (validation with the `val_` prefix, at epoch end):
+
+    - `loss/replica_<k>`: replica k's mean loss over the real examples it saw this
+      epoch so far (running, like Keras's own batch logs). Real examples are those with
+      a nonzero sample weight, or all of them without sample weights, so padded final
+      batches do not bias the values;
+    - `loss/mean`: the mean over all replicas' real examples (the replicas' losses
+      weighted by their real example counts); `loss/min`, `loss/max` and `loss/std`
+      (population standard deviation, same weights) of the replicas' losses; on
+      request `loss/sum`, the sum of the replicas' losses;
+    - `replica_drift` (epoch logs, several replicas): the largest difference between a
+      replica's copy of any weight and replica 0's (unsynchronized batch norm drifts).
+
+    Callbacks listed after this one (and Keras's progress bar and `History`) see the
+    keys, so list it before `CSVLogger` and `TensorBoard`. The model's steps are wrapped
+    during `fit()`/`evaluate()` and restored afterwards; custom `train_step`s must
+    compute their loss with `self.compute_loss(...)`. In a standalone `evaluate()` the
+    keys reach the other callbacks' logs, not its return value.
+
+    NaN guard: after each batch every replica's loss is checked; a non-finite one is
+    reported by replica, epoch and batch. At each epoch end every replica's copy of the
+    weights (moving statistics included) is checked too.
+
+    Args:
+        reductions: reductions across replicas to log, any of `"mean"`, `"min"`,
+            `"max"`, `"std"`, `"sum"`. Default `("mean", "min", "max", "std")`.
+        per_replica: log `loss/replica_<k>`. Default True.
+        batch_logs: put the values into the batch logs too (the progress bar shows them
+            during an epoch). Default True.
+        on_nan: `"stop"` (default): end training and restore the weights (and optimizer
+            variables) from before the bad step (with `steps_per_execution=1`; with
+            more it stops without restoring); `"raise"`: raise `NonFiniteError`;
+            `"ignore"`: do nothing. Non-finite weights at epoch end stop or raise
+            without restoring.
+        sync_moving_stats: at each epoch end, after measuring the drift, replace every
+            replica's copy of each non-trainable weight (batch norm moving statistics)
+            by the mean of the copies, so a saved model holds global statistics (see
+            `replica_drift.average_moving_statistics`). Default False.
+
+    Attributes:
+        nan_report: the message of the non-finite value found, or None.
+        drift: the `replica_drift` of each epoch.
+
+    Raises:
+        ValueError: unknown `reductions` or `on_nan`.
+        NonFiniteError: with `on_nan="raise"`, when a loss or weight is not finite.
+
+    Example:
+        >>> import strategykit as sk
+        >>> cb = sk.callbacks.CrossReplicaLoss(reductions=("mean", "max"))
+        >>> model.fit(dataset, epochs=2, callbacks=[cb])  # doctest: +SKIP
+        >>> model.history.history["loss/replica_0"]  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        reductions=DEFAULT_REDUCTIONS,
+        *,
+        per_replica: bool = True,
+        batch_logs: bool = True,
+        on_nan: str = "stop",
+        sync_moving_stats: bool = False,
+    ):
+        super().__init__()
+        if isinstance(reductions, str) or any(op not in REDUCE_OPS for op in reductions):
+            raise ValueError(
+                f"reductions must be a list of reductions. Received: reductions="
+                f"{reductions!r}. Use any of {', '.join(repr(o) for o in REDUCE_OPS)}, "
+                "e.g. reductions=('mean', 'max')."
+            )
+        nan_guard.check_on_nan(on_nan)
+        self.reductions = tuple(reductions)
+        self.per_replica = per_replica
+        self.batch_logs = batch_logs
+        self.on_nan = on_nan
+        self.sync_moving_stats = sync_moving_stats
+        self.nan_report: str | None = None
+        self.drift: list[float] = []
+        self._hooks = None
+        self._snapshot = None
+        self._inspector = None
+        self._epoch = 0
+        self._validation = None
+
+    # Training.
+
+    def on_train_begin(self, logs=None):
+        self.nan_report, self.drift = None, []
+        before = ()
+        if self.on_nan == "stop":
+            variables = list(self.model.weights) + list(self.model.optimizer.variables)
+            self._snapshot = nan_guard.WeightSnapshot(variables, self.model.distribute_strategy)
+            before = (self._snapshot.take,)
+        self._hooks = StepHooks(self.model, before_train_step=before)
+        self._hooks.install(train=True)
+        self._inspector = replica_drift.CopyInspector(self.model)
+        self._hooks.training = True
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch, self._validation = epoch, None
+        self._hooks.train.reset()
+
+    def on_train_batch_end(self, batch, logs=None):
+        values, counts = self._hooks.train.read()
+        self._guard_loss(values, counts, batch)
+        if self.batch_logs and logs is not None:
+            logs.update(self.log_values(values, counts))
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is None:
+            return
+        logs.update(self.log_values(*self._hooks.train.read()))
+        if self._validation is not None:
+            logs.update(self.log_values(*self._validation, prefix="val_"))
+        report = self._inspector()
+        self._guard_weights(report.non_finite)
+        if self.model.distribute_strategy.num_replicas_in_sync > 1:
+            self.drift.append(report.drift)
+            logs["replica_drift"] = report.drift
+            if self.sync_moving_stats:
+                replica_drift.average_moving_statistics(self.model)
+
+    def on_train_end(self, logs=None):
+        self._uninstall()
+
+    # Evaluation, inside fit() or on its own.
+
+    def on_test_begin(self, logs=None):
+        if self._hooks is None:
+            self._hooks = StepHooks(self.model)
+            self._hooks.install(train=False)
+        self._hooks.test.reset()
+
+    def on_test_batch_end(self, batch, logs=None):
+        if self.batch_logs and logs is not None:
+            logs.update(self.log_values(*self._hooks.test.read()))
+
+    def on_test_end(self, logs=None):
+        self._validation = self._hooks.test.read()
+        if logs is not None:
+            logs.update(self.log_values(*self._validation))
+        if not self._hooks.training:
+            self._uninstall()
+
+    # The values.
+
+    def log_values(self, values, counts, prefix: str = "") -> dict:
+        """The log entries of per-replica mean losses and their real example counts."""
+        entries = {}
+        if self.per_replica:
+            entries.update({f"{prefix}loss/replica_{k}": float(v) for k, v in enumerate(values)})
+        seen = counts > 0
+        if seen.any():
+            for op in self.reductions:
+                value = reduce_stacked(values[seen], op, weights=counts[seen])
+                entries[f"{prefix}loss/{op}"] = float(value)
+        return entries
+
+    def _guard_loss(self, values, counts, batch):
+        if self.on_nan == "ignore" or np.isfinite(values[counts > 0]).all():
+            return
+        message = nan_guard.loss_message(
+            np.where(counts > 0, values, 0.0), epoch=self._epoch, batch=batch
+        )
+        if message is None:
+            return
+        if self.on_nan == "raise":
+            self._fail(message)
+        steps = self.model.steps_per_execution
+        if steps > 1:  # the snapshot is from before the last of those steps only
+            self._stop(message + f" Training stopped without restoring the weights: with "
+                       f"steps_per_execution={steps} the guard sees only every {steps}th "
+                       "step. Use steps_per_execution=1 to restore the last finite weights.")
+            return
+        self._snapshot.restore()
+        self._stop(message + " Training stopped; the weights from before that step "
+                   "are restored.")
+
+    def _guard_weights(self, bad):
+        if self.on_nan == "ignore" or not bad:
+            return
+        shown = ", ".join(f"{path} (replica {replica})" for path, replica in bad[:5])
+        message = (
+            f"Non-finite values in {len(bad)} weight copies at the end of epoch "
+            f"{self._epoch}: {shown}{', ...' if len(bad) > 5 else ''}. Batch norm moving "
+            "statistics can overflow while the loss stays finite; check the inputs' scale."
+        )
+        if self.on_nan == "raise":
+            self._fail(message)
+        self._stop(message + " Training stopped.")
+
+    def _stop(self, message):
+        self.nan_report = message
+        self.model.stop_training = True
+        warnings.warn(message, RuntimeWarning, stacklevel=2)
+
+    def _fail(self, message):
+        self.nan_report = message
+        self._uninstall()
+        raise nan_guard.NonFiniteError(message)
+
+    def _uninstall(self):
+        if self._hooks is not None:
+            self._hooks.uninstall()
+        self._hooks, self._snapshot = None, None

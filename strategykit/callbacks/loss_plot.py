@@ -1,0 +1,124 @@
+"""`LossPlot`: a live plot of each replica's loss and the mean, in Jupyter or as a PNG."""
+
+from __future__ import annotations
+
+import io
+import pathlib
+import re
+
+import keras
+
+_REPLICA_KEY = re.compile(r"^(val_)?loss/replica_(\d+)$")
+
+
+class LossPlot(keras.callbacks.Callback):
+    """Plots each replica's loss and the mean loss at every epoch end.
+
+    Reads the `loss/replica_<k>` and `loss/mean` keys that `CrossReplicaLoss` puts into
+    the logs (list `CrossReplicaLoss` first); without them it plots Keras's `loss`.
+    Validation losses are drawn dashed. In Jupyter the plot updates in place in the cell
+    output; when `path` is given the PNG file is rewritten at every epoch end. It draws
+    on its own matplotlib figure with the non-interactive Agg canvas, so it never opens a
+    window, never blocks and leaves pyplot's state alone.
+
+    Args:
+        path: where to save the PNG, or None (default) for no file.
+        show: display the plot in a notebook: `"auto"` (default: when running in
+            Jupyter), True or False.
+        title: the plot's title. Default `"Loss per replica"`.
+
+    Attributes:
+        history: `{key: [value per epoch]}` of every loss key plotted.
+
+    Example:
+        >>> import strategykit as sk
+        >>> plot = sk.callbacks.LossPlot(path="loss.png")
+        >>> model.fit(data, epochs=5,
+        ...           callbacks=[sk.callbacks.CrossReplicaLoss(), plot])  # doctest: +SKIP
+    """
+
+    def __init__(self, path=None, *, show="auto", title: str = "Loss per replica"):
+        super().__init__()
+        if show not in ("auto", True, False):
+            raise ValueError(
+                f"show must be 'auto', True or False. Received: show={show!r}. Use "
+                "show='auto' to display only in Jupyter."
+            )
+        self.path = pathlib.Path(path) if path is not None else None
+        self.show = _in_notebook() if show == "auto" else show
+        self.title = title
+        self.history: dict[str, list[float]] = {}
+        self._display = None
+
+    def on_train_begin(self, logs=None):
+        self.history, self._display = {}, None
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs = logs or {}
+        for key in plotted_keys(logs):
+            self.history.setdefault(key, []).append(float(logs[key]))
+        if not self.history:
+            return
+        png = self.render()
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.write_bytes(png)
+        if self.show:
+            self._update_display(png)
+
+    def render(self) -> bytes:
+        """The current plot as PNG bytes."""
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+        from matplotlib.ticker import MaxNLocator
+
+        figure = Figure(figsize=(7, 4), dpi=100)
+        FigureCanvasAgg(figure)
+        axes = figure.add_subplot()
+        for key, values in sorted(self.history.items()):
+            epochs = range(1, len(values) + 1)
+            style = "--" if key.startswith("val_") else "-"
+            if _REPLICA_KEY.match(key):
+                axes.plot(epochs, values, style, marker=".", linewidth=1, alpha=0.6, label=key)
+            else:
+                color = "gray" if key.startswith("val_") else "black"
+                axes.plot(epochs, values, style, marker=".", linewidth=2.5, color=color,
+                          label=key)
+        axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+        axes.set_xlabel("epoch")
+        axes.set_ylabel("loss")
+        axes.set_title(self.title)
+        axes.grid(alpha=0.3)
+        axes.legend(fontsize="small", ncol=2)
+        figure.tight_layout()
+        buffer = io.BytesIO()
+        figure.savefig(buffer, format="png")
+        return buffer.getvalue()
+
+    def _update_display(self, png: bytes) -> None:
+        from IPython.display import Image, display
+
+        if self._display is None:
+            self._display = display(Image(data=png), display_id=True)
+        else:
+            self._display.update(Image(data=png))
+
+
+def plotted_keys(logs: dict) -> list[str]:
+    """Per-replica keys and the mean when present, otherwise Keras's `loss`/`val_loss`."""
+    keys = [key for key in logs if _REPLICA_KEY.match(key)]
+    for prefix in ("", "val_"):
+        if f"{prefix}loss/mean" in logs:
+            keys.append(f"{prefix}loss/mean")
+        elif f"{prefix}loss" in logs:
+            keys.append(f"{prefix}loss")
+    return keys
+
+
+def _in_notebook() -> bool:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and "IPKernelApp" in getattr(shell, "config", {})
