@@ -1,0 +1,62 @@
+import csv
+import re
+import subprocess
+import sys
+
+from strategykit import cli
+from strategykit.demo import build_classifier, run_demo
+
+
+def summary_rows(text: str) -> dict:
+    rows = (re.split(r"\s{2,}", line, maxsplit=1) for line in text.strip().splitlines())
+    return {row[0]: row[1] for row in rows if len(row) == 2}
+
+
+def test_the_readme_demo_reaches_95_percent_and_writes_its_plot_and_history(tmp_path):
+    # The README's first command, as a user runs it: a fresh process, default settings.
+    result = subprocess.run(
+        [sys.executable, "-m", "strategykit.cli", "demo", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=900,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = summary_rows(result.stdout.split("\n\n")[-1])
+    assert summary["Replicas"] == "4 (simulated)"
+    assert summary["Batch norm"] == "synchronized"
+    assert float(summary["Test accuracy"].rstrip("%")) >= 95.0
+    assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with open(tmp_path / "history.csv") as file:
+        history = list(csv.DictReader(file))
+    assert len(history) == 12
+    assert {f"loss/replica_{k}" for k in range(4)} <= set(history[0])
+    # The progress bar shows every replica's loss.
+    assert "loss/replica_3" in result.stdout
+
+
+def test_demo_without_sync_bn_on_two_replicas(tmp_path):
+    result = run_demo(replicas=2, epochs=1, sync_bn=False, out=tmp_path, verbose=0)
+    rows = summary_rows(result.summary())
+    assert rows["Replicas"] == "2 (simulated)"
+    assert rows["Batch norm"] == "per replica"
+    assert rows["Epochs"] == "1"
+    assert 0.0 <= result.test_accuracy <= 1.0
+    assert result.plot_path.exists() and result.history_path.exists()
+
+
+def test_classifier_has_batch_norm_to_convert():
+    model = build_classifier((8, 8, 1), 10)
+    assert model.output_shape == (None, 10)
+    assert sum("batch_normalization" in layer.name for layer in model.layers) == 3
+
+
+def test_demo_on_a_tfds_dataset_that_is_not_prepared_is_a_clear_error(tmp_path, capsys):
+    code = cli.main(["demo", "--dataset", "mnist", "--data-dir", str(tmp_path), "--epochs", "1",
+                     "--out", str(tmp_path / "out")])
+    assert code == 2
+    error = capsys.readouterr().err
+    assert error.startswith("strategykit demo: error: ")
+    assert "mnist" in error and str(tmp_path) in error
+
+
+def test_check_command_passes_on_this_machine(capsys):
+    assert cli.main(["check", "--replicas", "2"]) == 0
+    assert capsys.readouterr().out.startswith("PASSED: 2 replicas x 16 examples against 1 device")
