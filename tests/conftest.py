@@ -26,6 +26,17 @@ tf.config.set_logical_device_configuration(
 import strategykit as sk  # noqa: E402
 
 
+def bn_regressor(seed: int = 0):
+    """A compiled Dense(4) -> BatchNormalization -> Dense(1) regressor on 3 inputs."""
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4),
+                              keras.layers.BatchNormalization(), keras.layers.Dense(1)])
+    model.compile(keras.optimizers.SGD(0.1), "mse")
+    return model
+
+
 def cpu_devices(replicas: int) -> list[str]:
     """The names of the first `replicas` logical CPU devices."""
     return [f"/cpu:{i}" for i in range(replicas)]

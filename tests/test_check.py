@@ -1,7 +1,7 @@
 import keras
 import numpy as np
 import pytest
-from conftest import cpu_devices
+from conftest import bn_regressor, cpu_devices
 
 import strategykit as sk
 
@@ -15,11 +15,7 @@ def dense_model():
 
 
 def bn_model():
-    keras.utils.set_random_seed(1)
-    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4),
-                              keras.layers.BatchNormalization(), keras.layers.Dense(1)])
-    model.compile(keras.optimizers.SGD(0.1), "mse")
-    return model
+    return bn_regressor(seed=1)
 
 
 def data(examples=48):

@@ -4,7 +4,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import cpu_devices
+from conftest import bn_regressor, cpu_devices
 
 import strategykit as sk
 from strategykit.batching import spread_indices
@@ -167,20 +167,12 @@ def test_fit_equals_one_device(make_strategy, replicas, size):
         assert gap > 1e-4
 
 
-def _bn_model():
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4),
-                              keras.layers.BatchNormalization(), keras.layers.Dense(1)])
-    model.compile(keras.optimizers.SGD(0.1), "mse")
-    return model
-
-
 def test_padding_keeps_batch_norm_finite_where_an_empty_replica_turns_it_nan(make_strategy):
     strategy = make_strategy(4)
     x = np.random.default_rng(0).normal(size=(18, 3)).astype("float32")  # final batch: 2
     y = x.sum(1)
     with strategy.scope():
-        padded, plain = _bn_model(), _bn_model()
+        padded, plain = bn_regressor(), bn_regressor()
     padded.fit(sk.shard((x, y), strategy, global_batch_size=8), epochs=1, verbose=0)
     assert all(np.isfinite(w).all() for w in padded.get_weights())
     # Split, and of unknown size (no look-ahead): the final 2 examples leave 2 replicas empty.
