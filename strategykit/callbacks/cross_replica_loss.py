@@ -32,10 +32,12 @@ class CrossReplicaLoss(keras.callbacks.Callback):
       replica's copy of any weight and replica 0's (unsynchronized batch norm drifts).
 
     Callbacks listed after this one (and Keras's progress bar and `History`) see the
-    keys, so list it before `CSVLogger` and `TensorBoard`. The model's steps are wrapped
-    during `fit()`/`evaluate()` and restored afterwards; custom `train_step`s must
-    compute their loss with `self.compute_loss(...)`. In a standalone `evaluate()` the
-    keys reach the other callbacks' logs, not its return value.
+    keys, so list it before `CSVLogger` and `TensorBoard`. During `fit()`/`evaluate()`
+    the model runs hooked copies of its step functions; afterwards its own are back,
+    and the hooked ones are kept with the model, so the next `fit()` (with this callback
+    or a new one) traces nothing again. Custom `train_step`s must compute their loss
+    with `self.compute_loss(...)`. In a standalone `evaluate()` the keys reach the other
+    callbacks' logs, not its return value.
 
     NaN guard: after each batch every replica's loss is checked; a non-finite one is
     reported by replica, epoch and batch. At each epoch end every replica's copy of the
@@ -97,8 +99,8 @@ class CrossReplicaLoss(keras.callbacks.Callback):
         self.nan_report: str | None = None
         self.drift: list[float] = []
         self._hooks = None
-        self._snapshot = None
         self._inspector = None
+        self._in_fit = False
         self._epoch = 0
         self._validation = None
 
@@ -106,15 +108,10 @@ class CrossReplicaLoss(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         self.nan_report, self.drift = None, []
-        before = ()
-        if self.on_nan == "stop":
-            variables = list(self.model.weights) + list(self.model.optimizer.variables)
-            self._snapshot = nan_guard.WeightSnapshot(variables, self.model.distribute_strategy)
-            before = (self._snapshot.take,)
-        self._hooks = StepHooks(self.model, before_train_step=before)
-        self._hooks.install(train=True)
-        self._inspector = replica_drift.CopyInspector(self.model)
-        self._hooks.training = True
+        self._hooks = StepHooks.of(self.model)
+        self._hooks.install(train=True, snapshot=self.on_nan == "stop")
+        self._inspector = replica_drift.CopyInspector.of(self.model)
+        self._in_fit = True
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch, self._validation = epoch, None
@@ -141,13 +138,14 @@ class CrossReplicaLoss(keras.callbacks.Callback):
                 replica_drift.average_moving_statistics(self.model)
 
     def on_train_end(self, logs=None):
+        self._in_fit = False
         self._uninstall()
 
     # Evaluation, inside fit() or on its own.
 
     def on_test_begin(self, logs=None):
-        if self._hooks is None:
-            self._hooks = StepHooks(self.model)
+        if not self._in_fit:
+            self._hooks = StepHooks.of(self.model)
             self._hooks.install(train=False)
         self._hooks.test.reset()
 
@@ -159,7 +157,7 @@ class CrossReplicaLoss(keras.callbacks.Callback):
         self._validation = self._hooks.test.read()
         if logs is not None:
             logs.update(self.log_values(*self._validation))
-        if not self._hooks.training:
+        if not self._in_fit:
             self._uninstall()
 
     # The values.
@@ -192,7 +190,7 @@ class CrossReplicaLoss(keras.callbacks.Callback):
                        f"steps_per_execution={steps} the guard sees only every {steps}th "
                        "step. Use steps_per_execution=1 to restore the last finite weights.")
             return
-        self._snapshot.restore()
+        self._hooks.snapshot.restore()
         self._stop(message + " Training stopped; the weights from before that step "
                    "are restored.")
 
@@ -216,10 +214,11 @@ class CrossReplicaLoss(keras.callbacks.Callback):
 
     def _fail(self, message):
         self.nan_report = message
+        self._in_fit = False
         self._uninstall()
         raise nan_guard.NonFiniteError(message)
 
     def _uninstall(self):
         if self._hooks is not None:
             self._hooks.uninstall()
-        self._hooks, self._snapshot = None, None
+        self._hooks = None

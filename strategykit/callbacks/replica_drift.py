@@ -15,6 +15,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from strategykit.callbacks import model_cache
+
 
 def replica_copies(variable, strategy: tf.distribute.Strategy) -> list[np.ndarray]:
     """The value of each local replica's copy of a Keras variable."""
@@ -49,6 +51,12 @@ class CopyInspector:
         self.variables = list(model.weights)
         self.strategy = model.distribute_strategy
         self._inspect = tf.function(self._differences_and_finite)
+
+    @classmethod
+    def of(cls, model: keras.Model) -> CopyInspector:
+        """The inspector of `model`, traced once and kept while its weights stay the same."""
+        return model_cache.cached(model, "copy_inspector", variables=model.weights,
+                                  build=lambda: cls(model))
 
     def __call__(self) -> CopiesReport:
         if not self.variables:

@@ -2,9 +2,12 @@
 
 Keras runs `model.train_step` once per replica inside `strategy.run` and reduces what it
 returns to one mean, so each replica's own loss never leaves the step. `StepHooks`
-wraps the model's public `train_step`, `test_step` and `compute_loss` on the instance
-(the user's class and code are untouched; custom steps that call `self.compute_loss`
-work too) and rebuilds the step functions with `make_train_function(force=True)`.
+builds hooked step functions with Keras's public `make_train_function(force=True)`,
+over the model's `train_step`/`test_step` wrapped for that moment, and swaps them in for
+the model's own `train_function`/`test_function` during `fit()`/`evaluate()`; while
+they are in, `compute_loss` is wrapped on the instance too (custom steps that call
+`self.compute_loss` work). The user's class and code are untouched, and `uninstall`
+puts the model's own functions back, already traced: nothing is traced again.
 
 Inside the step each replica adds `loss x batch size` and its number of real examples
 (nonzero sample weights; padded examples carry weight 0) into its own slot of an
@@ -12,18 +15,26 @@ on-read-synchronized accumulator (so every step counts, also with
 `steps_per_execution > 1`). The step then returns its local copy of the accumulator,
 times the number of replicas, as one more output: each replica's copy is zero outside
 its own slot, so Keras's "mean" reduction of the outputs turns them into the sums of
-all replicas. No collective is added, and the host reads nothing extra: the wrapped
-`model.train_function` takes that output out of the logs before Keras sees them.
+all replicas. No collective is added, and the host reads nothing extra: the hooked
+function takes that output out of the logs before Keras sees them.
+
+`StepHooks.of(model)` keeps one `StepHooks` per model, with its traced functions,
+accumulators and weight snapshot (see `model_cache`): calling `fit()` again, with the
+same callback or a new one, traces nothing again.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import threading
 
 import keras
 import numpy as np
 import tensorflow as tf
+
+from strategykit.callbacks import model_cache
+from strategykit.callbacks.nan_guard import WeightSnapshot
 
 _ORIGINAL = "_strategykit_original"
 _OUTPUT = "strategykit/replica_sums"
@@ -82,84 +93,145 @@ class ReplicaAccumulator:
             return totals / counts, counts
 
 
+@dataclasses.dataclass(frozen=True)
+class _Swap:
+    """A model's own step function and the hooked one built over it."""
+
+    own: object
+    hooked: object
+
+
 class StepHooks:
-    """Wraps a model's steps so every replica's loss lands in a `ReplicaAccumulator`.
+    """Hooked step functions of one model, which put every replica's loss in accumulators.
+
+    Build it with `StepHooks.of(model)`, which reuses the model's hooks while its
+    variables stay the same.
 
     Args:
         model: a compiled Keras model.
-        before_train_step: functions called in replica context at the start of every
-            train step, before the model's own step (e.g. a weight snapshot).
+
+    Attributes:
+        train, test: the `ReplicaAccumulator` of the train and the test steps.
+        snapshot: the `WeightSnapshot` taken before every train step, once a
+            `install(train=True, snapshot=True)` has needed it; else None.
     """
 
-    def __init__(self, model: keras.Model, before_train_step=()):
+    def __init__(self, model: keras.Model):
         self.model = model
-        self.before_train_step = list(before_train_step)
         strategy = model.distribute_strategy
         self.train = ReplicaAccumulator(strategy)
         self.test = ReplicaAccumulator(strategy)
-        self.training = False
+        self.snapshot: WeightSnapshot | None = None
+        self._swaps: dict[tuple[str, bool], _Swap] = {}
 
-    def install(self, *, train: bool) -> None:
-        """Wraps `test_step` and `compute_loss`, and `train_step` when `train`."""
-        remove_hooks(self.model)
-        model = self.model
-        _wrap(model, "compute_loss", _capturing_compute_loss(model.compute_loss))
-        _wrap(model, "test_step", self._step(model.test_step, self.test, ()))
-        model.make_test_function(force=True)
-        model.test_function = _taking_sums(model.test_function, self.test)
+    @classmethod
+    def of(cls, model: keras.Model) -> StepHooks:
+        """The hooks of `model`: built on first use, rebuilt when its variables change."""
+        return model_cache.cached(model, "step_hooks", variables=snapshot_variables(model),
+                                  build=lambda: cls(model))
+
+    def install(self, *, train: bool, snapshot: bool = False) -> None:
+        """Swaps in the hooked test function, and the hooked train function when `train`.
+
+        Args:
+            train: hook the train step too (in `fit()`), not only the test step.
+            snapshot: with `train`, copy the weights and optimizer variables into
+                `self.snapshot` at the start of every train step.
+        """
+        remove_wrappers(self.model)
+        _wrap(self.model, "compute_loss", _capturing_compute_loss(self.model.compute_loss))
+        self._swap_in("test", snapshot=False)
         if train:
-            _wrap(model, "train_step",
-                  self._step(model.train_step, self.train, self.before_train_step))
-            model.make_train_function(force=True)
-            model.train_function = _taking_sums(model.train_function, self.train)
+            if snapshot and self.snapshot is None:
+                self.snapshot = WeightSnapshot(snapshot_variables(self.model),
+                                               self.model.distribute_strategy)
+            self._swap_in("train", snapshot=snapshot)
 
     def uninstall(self) -> None:
-        """Restores the model's own steps and rebuilds its step functions."""
-        if remove_hooks(self.model):
-            self.model.make_train_function(force=True)
-            self.model.make_test_function(force=True)
+        """Puts the model's own step functions and `compute_loss` back."""
+        remove_wrappers(self.model)
+        for (kind, _), swap in self._swaps.items():
+            if getattr(self.model, f"{kind}_function") is swap.hooked:
+                setattr(self.model, f"{kind}_function", swap.own)
 
-    @staticmethod
-    def _step(step, accumulator, before):
-        def hooked_step(data):
-            for hook in before:
-                hook()
-            previous, _capture.losses = getattr(_capture, "losses", None), []
-            try:
-                logs = step(data)
-                losses = _capture.losses
-            finally:
-                _capture.losses = previous
-            if not losses:
-                raise ValueError(
-                    "CrossReplicaLoss could not see the loss of the step: the model's "
-                    f"{step.__name__} never called self.compute_loss(...). Received: a "
-                    f"{step.__name__} that computes its loss another way. Compute the "
-                    "loss with self.compute_loss(x, y, y_pred, sample_weight) in the step."
-                )
-            return {**logs, _OUTPUT: accumulator.add(*losses[-1])}
+    def _swap_in(self, kind: str, *, snapshot: bool) -> None:
+        current = getattr(self.model, f"{kind}_function")
+        if current is None:  # e.g. the test function before fit()'s first validation
+            getattr(self.model, f"make_{kind}_function")()
+            current = getattr(self.model, f"{kind}_function")
+        swap = self._swaps.get((kind, snapshot))
+        # The model's function is new after compile(): hook the new one.
+        if swap is None or (current is not swap.own and current is not swap.hooked):
+            swap = self._swaps[(kind, snapshot)] = _Swap(current, self._build(kind, snapshot))
+        setattr(self.model, f"{kind}_function", swap.hooked)
 
-        return hooked_step
+    def _build(self, kind: str, snapshot: bool):
+        """A new step function over the model's step wrapped by `_hooked_step`."""
+        accumulator = self.train if kind == "train" else self.test
+        before = (self.snapshot.take,) if snapshot else ()
+        name = f"{kind}_step"
+        # `make_*_function` binds the step it finds on the model; only that needs the wrap.
+        _wrap(self.model, name, _hooked_step(getattr(self.model, name), accumulator, before))
+        try:
+            getattr(self.model, f"make_{kind}_function")(force=True)
+        finally:
+            _unwrap(self.model, name)
+        return _taking_sums(getattr(self.model, f"{kind}_function"), accumulator)
 
 
-def remove_hooks(model: keras.Model) -> bool:
-    """Removes any strategykit wrapper from `model`; returns whether there was one."""
+def snapshot_variables(model: keras.Model) -> list:
+    """The variables a step changes: the model's weights and its optimizer's variables."""
+    optimizer = getattr(model, "optimizer", None)
+    return list(model.weights) + (list(optimizer.variables) if optimizer is not None else [])
+
+
+def remove_wrappers(model: keras.Model) -> bool:
+    """Removes any strategykit wrapper of a method from `model`; returns whether there was one."""
     removed = False
     for name in ("train_step", "test_step", "compute_loss"):
-        wrapper = model.__dict__.get(name)
-        if wrapper is not None and hasattr(wrapper, _ORIGINAL):
-            original = getattr(wrapper, _ORIGINAL)
-            if original is None:
-                object.__delattr__(model, name)
-            else:
-                object.__setattr__(model, name, original)
-            removed = True
+        removed = _unwrap(model, name) or removed
     return removed
 
 
 def _wrap(model, name, wrapper) -> None:
     setattr(wrapper, _ORIGINAL, model.__dict__.get(name))  # None: the class's method
     object.__setattr__(model, name, wrapper)
+
+
+def _unwrap(model, name) -> bool:
+    wrapper = model.__dict__.get(name)
+    if wrapper is None or not hasattr(wrapper, _ORIGINAL):
+        return False
+    original = getattr(wrapper, _ORIGINAL)
+    if original is None:
+        object.__delattr__(model, name)
+    else:
+        object.__setattr__(model, name, original)
+    return True
+
+
+def _hooked_step(step, accumulator, before):
+    """`step` that also adds this replica's loss to `accumulator`, after `before` hooks."""
+
+    def hooked_step(data):
+        for hook in before:
+            hook()
+        previous, _capture.losses = getattr(_capture, "losses", None), []
+        try:
+            logs = step(data)
+            losses = _capture.losses
+        finally:
+            _capture.losses = previous
+        if not losses:
+            raise ValueError(
+                "CrossReplicaLoss could not see the loss of the step: the model's "
+                f"{step.__name__} never called self.compute_loss(...). Received: a "
+                f"{step.__name__} that computes its loss another way. Compute the "
+                "loss with self.compute_loss(x, y, y_pred, sample_weight) in the step."
+            )
+        return {**logs, _OUTPUT: accumulator.add(*losses[-1])}
+
+    return hooked_step
 
 
 def _taking_sums(function, accumulator):
