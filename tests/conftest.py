@@ -23,6 +23,8 @@ tf.config.set_logical_device_configuration(
     _cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(LOGICAL_CPUS)]
 )
 
+import keras  # noqa: E402
+
 import strategykit as sk  # noqa: E402
 
 
@@ -35,6 +37,17 @@ def bn_regressor(seed: int = 0):
                               keras.layers.BatchNormalization(), keras.layers.Dense(1)])
     model.compile(keras.optimizers.SGD(0.1), "mse")
     return model
+
+
+class ZeroSubclassed(keras.Model):
+    """A subclassed model y = w x, one weight starting at 0 (so it predicts 0 at first)."""
+
+    def __init__(self):
+        super().__init__()
+        self.dense = keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")
+
+    def call(self, x):
+        return self.dense(x)
 
 
 def cpu_devices(replicas: int) -> list[str]:

@@ -12,6 +12,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import ZeroSubclassed
 
 import strategykit as sk
 from strategykit import callbacks
@@ -215,16 +216,7 @@ def test_one_device_reports_one_replica():
     assert "loss/replica_1" not in history and "replica_drift" not in history
 
 
-class Subclassed(keras.Model):
-    def __init__(self):
-        super().__init__()
-        self.dense = keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")
-
-    def call(self, x):
-        return self.dense(x)
-
-
-class CustomTrainStep(Subclassed):
+class CustomTrainStep(ZeroSubclassed):
     """A custom train_step as in the Keras guide, computing its loss with compute_loss."""
 
     def train_step(self, data):
@@ -246,7 +238,7 @@ def functional():
                                                   kernel_initializer="zeros")(inputs))
 
 
-@pytest.mark.parametrize("build", [functional, Subclassed, CustomTrainStep],
+@pytest.mark.parametrize("build", [functional, ZeroSubclassed, CustomTrainStep],
                          ids=["functional", "subclassed", "custom_train_step"])
 def test_every_kind_of_model(make_strategy, build):
     with make_strategy(2).scope():
@@ -261,7 +253,7 @@ def test_every_kind_of_model(make_strategy, build):
     assert history["loss/mean"] == pytest.approx([np.mean(y**2)])
 
 
-class HandWrittenLoss(Subclassed):
+class HandWrittenLoss(ZeroSubclassed):
     def train_step(self, data):
         x, y = data
         loss = tf.reduce_mean((self(x) - y) ** 2)

@@ -138,7 +138,7 @@ class StepHooks:
             snapshot: with `train`, copy the weights and optimizer variables into
                 `self.snapshot` at the start of every train step.
         """
-        remove_wrappers(self.model)
+        _unwrap(self.model, "compute_loss")  # left by a fit() that was interrupted
         _wrap(self.model, "compute_loss", _capturing_compute_loss(self.model.compute_loss))
         self._swap_in("test", snapshot=False)
         if train:
@@ -149,7 +149,7 @@ class StepHooks:
 
     def uninstall(self) -> None:
         """Puts the model's own step functions and `compute_loss` back."""
-        remove_wrappers(self.model)
+        _unwrap(self.model, "compute_loss")
         for (kind, _), swap in self._swaps.items():
             if getattr(self.model, f"{kind}_function") is swap.hooked:
                 setattr(self.model, f"{kind}_function", swap.own)
@@ -183,14 +183,6 @@ def snapshot_variables(model: keras.Model) -> list:
     """The variables a step changes: the model's weights and its optimizer's variables."""
     optimizer = getattr(model, "optimizer", None)
     return list(model.weights) + (list(optimizer.variables) if optimizer is not None else [])
-
-
-def remove_wrappers(model: keras.Model) -> bool:
-    """Removes any strategykit wrapper of a method from `model`; returns whether there was one."""
-    removed = False
-    for name in ("train_step", "test_step", "compute_loss"):
-        removed = _unwrap(model, name) or removed
-    return removed
 
 
 def _wrap(model, name, wrapper) -> None:
