@@ -9,6 +9,7 @@ import os
 import tensorflow as tf
 
 from strategykit import devices as _devices
+from strategykit import upstream
 
 CROSS_DEVICE_OPS = ("auto", "nccl", "hierarchical_copy", "reduce_to_one_device")
 """The valid string values of `cross_device_ops`."""
@@ -40,7 +41,9 @@ def mirrored(
     only possible before TensorFlow's runtime starts, so call it first in a process.
 
     Strategies built here are independent of each other: building a 2-replica and then
-    a 4-replica strategy in one process (a re-run notebook cell) works.
+    a 4-replica strategy in one process (a re-run notebook cell) works. Building one
+    installs strategykit's fixes of upstream gaps (`strategykit/upstream.py`; e.g.
+    Keras's `gradient_accumulation_steps` under a strategy), as `from_env()` does.
 
     Args:
         devices: device names such as `["/gpu:0", "/gpu:1"]`. Default: as described
@@ -109,6 +112,7 @@ def from_env(*, cross_device_ops: str | tf.distribute.CrossDeviceOps = "auto"):
     config = read_tf_config()
     if count_workers(config) <= 1:
         return mirrored(cross_device_ops=cross_device_ops)
+    upstream.install()
     return tf.distribute.MultiWorkerMirroredStrategy(
         communication_options=_multi_worker_options(cross_device_ops)
     )
@@ -228,6 +232,7 @@ def _multi_worker_options(choice) -> tf.distribute.experimental.CommunicationOpt
 
 
 def _build_mirrored(devices, cross_device_ops):
+    upstream.install()  # strategykit's fixes of Keras/TF gaps (see upstream.py)
     strategy = tf.distribute.MirroredStrategy.__new__(tf.distribute.MirroredStrategy)
     strategy._collective_key_base = next(_strategies_built) * _COLLECTIVE_KEYS_PER_STRATEGY
     strategy.__init__(devices=devices, cross_device_ops=cross_device_ops)

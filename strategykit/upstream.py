@@ -1,0 +1,308 @@
+"""Fixes for gaps in Keras 3 and TensorFlow, all in this one module.
+
+Each fix is a `Fix`: the upstream issue it closes, the versions it was checked on, the
+private upstream code it relies on (with a fingerprint of that code, which
+tests/test_upstream.py compares, so a Keras or TensorFlow upgrade that changes it fails
+CI rather than users), and the one class attribute it replaces. A fix is installed once
+(installing again does nothing) and applies only in the situation it fixes; everywhere
+else the replaced method hands over to the original. Nothing else in strategykit touches
+private Keras or TensorFlow code.
+
+`install()` installs every fix. `sk.mirrored()` and `sk.from_env()` call it when they
+build a strategy, so the fixes are active under every strategy strategykit builds;
+importing strategykit alone changes nothing in Keras. A fix that must replace several
+attributes is several `Fix` entries naming the same issue.
+
+Fixes (see each one's comment below):
+
+* keras-team/keras#20582: `gradient_accumulation_steps` of any Keras optimizer under a
+  `tf.distribute` strategy, in `fit()` and in custom loops.
+* TensorFlow's step count of `distribute_datasets_from_function` datasets: not a `Fix`
+  but `count_steps_not_batches`, which `sk.shard` applies to the datasets it makes.
+
+Example:
+    >>> import keras, strategykit as sk
+    >>> strategy = sk.mirrored(replicas=2)  # doctest: +SKIP
+    >>> with strategy.scope():  # doctest: +SKIP
+    ...     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    ...     model.compile(keras.optimizers.Adam(gradient_accumulation_steps=4), "mse")
+    >>> [fix.issue for fix in sk.upstream.FIXES]
+    ['keras-team/keras#20582']
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib
+import inspect
+import weakref
+
+import tensorflow as tf
+
+CHECKED_ON = "TensorFlow 2.21.0, Keras 3.15.1"
+
+# Every micro-step all-reduces its gradients (True), or each replica accumulates its own
+# and the sums are all-reduced once per update (False, the default; see the fix below).
+# The other way is kept for benchmarks/accumulation.py, which measures both.
+_REDUCE_EVERY_MICRO_STEP = False
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Fix:
+    """One upstream fix: `owner.attribute` replaced by `replacement`.
+
+    Attributes:
+        issue: the upstream issue, e.g. `"keras-team/keras#20582"`.
+        checked_on: the versions the fix and its fingerprints were checked on.
+        owner: `"module:Class"` whose attribute is replaced.
+        attribute: the name of the replaced attribute.
+        replacement: the new attribute; it calls `original(owner_class, attribute)`
+            where the fix does not apply.
+        relies_on: `{"module:Class.attribute": fingerprint}` of the private upstream code
+            the fix reads or calls; `fingerprint(name)` must still give these values.
+    """
+
+    issue: str
+    checked_on: str
+    owner: str
+    attribute: str
+    replacement: object
+    relies_on: dict
+
+    def owner_class(self) -> type:
+        return resolve(self.owner)
+
+    def installed(self) -> bool:
+        return self.owner_class().__dict__.get(self.attribute) is self.replacement
+
+    def install(self) -> None:
+        owner = self.owner_class()
+        if not self.installed():
+            _ORIGINALS.setdefault((owner, self.attribute), owner.__dict__.get(self.attribute))
+            setattr(owner, self.attribute, self.replacement)
+
+    def uninstall(self) -> None:
+        owner = self.owner_class()
+        if not self.installed():
+            return
+        original = _ORIGINALS.pop((owner, self.attribute))
+        if original is None:
+            delattr(owner, self.attribute)
+        else:
+            setattr(owner, self.attribute, original)
+
+
+_ORIGINALS: dict = {}
+
+
+def resolve(name: str):
+    """The object `"package.module:Class.attribute"` names (attribute path optional)."""
+    module, _, path = name.partition(":")
+    target = importlib.import_module(module)
+    for part in filter(None, path.split(".")):
+        target = inspect.getattr_static(target, part) if inspect.isclass(target) else getattr(
+            target, part)
+    return target.fget if isinstance(target, property) else target
+
+
+def fingerprint(name: str) -> str:
+    """The first 16 hex digits of the SHA-256 of the source code `name` resolves to."""
+    return hashlib.sha256(inspect.getsource(resolve(name)).encode()).hexdigest()[:16]
+
+
+def original(owner: type, attribute: str):
+    """The attribute `owner` inherits or had before a fix replaced it (for the fixes)."""
+    if (owner, attribute) in _ORIGINALS and _ORIGINALS[(owner, attribute)] is not None:
+        return _ORIGINALS[(owner, attribute)]
+    return getattr(super(owner, owner), attribute)
+
+
+def install() -> None:
+    """Installs every fix; idempotent. `sk.mirrored()` and `sk.from_env()` call it.
+
+    Example:
+        >>> from strategykit import upstream
+        >>> upstream.install()
+        >>> all(fix.installed() for fix in upstream.FIXES)
+        True
+    """
+    for fix in FIXES:
+        fix.install()
+
+
+def uninstall() -> None:
+    """Removes every fix, restoring Keras and TensorFlow as they were (for tests)."""
+    for fix in FIXES:
+        fix.uninstall()
+
+
+# -- keras-team/keras#20582: gradient_accumulation_steps under a tf.distribute strategy --
+#
+# Upstream `BaseOptimizer._backend_apply_gradients` chooses between "update" and "add to
+# the accumulators" with `ops.cond` in the replica context. Both branches end in
+# `merge_call` (the all-reduce and `distribute.extended.update`), which TensorFlow
+# refuses inside a cond branch: `RuntimeError: merge_call called while defining a new
+# graph or a tf.function`, under MirroredStrategy and MultiWorkerMirroredStrategy alike
+# (they merge-call except under XLA on GPUs). There is no public route: the optimizer's
+# step is not a hook, and wrapping the user's optimizer would change their class. So the
+# TF backend's optimizer class gets its own `_backend_apply_gradients` that, under a
+# strategy and only with gradient_accumulation_steps, makes ONE merge_call first and
+# does the step in the cross-replica context, with `extended.update` (per replica) and
+# `extended.batch_reduce_to` inside its cond (no merge_call there). Semantics are
+# upstream's, exactly: `_iterations` counts micro-steps (the public `iterations` is
+# `_iterations // K`, so Adam's bias correction and the optimizer state move once per K
+# micro-steps); on the K-th the step applies (g + accumulated) / K, then clipping, weight
+# decay, `update_step` and a reset of the accumulators; learning-rate schedules see the
+# micro-step count, as upstream documents. Reduction: like upstream's TF backend (which
+# adds un-reduced gradients to its accumulators), every replica accumulates its own
+# gradients and the sums are all-reduced once per update, K-1 fewer all-reduces than
+# reducing every micro-step. The accumulators then differ between replicas inside a
+# window, so a checkpoint holds replica 0's only between updates: save at update
+# boundaries.
+
+
+def _accumulating_apply_gradients(self, grads, trainable_variables):
+    context = tf.distribute.get_replica_context()
+    if not (self.gradient_accumulation_steps and tf.distribute.has_strategy()
+            and context is not None):
+        return original(_tf_optimizer(), "_backend_apply_gradients")(
+            self, grads, trainable_variables)
+    grads = list(grads)
+    if _REDUCE_EVERY_MICRO_STEP:
+        grads = context.all_reduce(tf.distribute.ReduceOp.SUM, grads)
+    context.merge_call(_accumulate, args=(grads,),
+                       kwargs={"optimizer": self, "variables": list(trainable_variables)})
+    # EMA as upstream, in the replica context where it works (`ema_overwrite_frequency`
+    # fails there as upstream does without accumulation: a separate upstream gap).
+    if self.use_ema:
+        self._update_model_variables_moving_average(self._trainable_variables)
+        if self.ema_overwrite_frequency:
+            should_overwrite = (self.iterations + 1) % self.ema_overwrite_frequency == 0
+            tf.cond(should_overwrite,
+                    lambda: self._overwrite_model_variables_with_average_value(
+                        self._trainable_variables),
+                    lambda: None)
+
+
+def _accumulate(strategy, grads, *, optimizer, variables):
+    """The accumulation step in the cross-replica context; `grads` are per replica."""
+    steps = optimizer.gradient_accumulation_steps
+    variables = [getattr(v, "value", v) for v in variables]  # Keras -> tf variables
+    accumulators = [optimizer._accumulated_gradients[optimizer._get_variable_index(v)].value
+                    for v in variables]
+    # Every micro-step adds each replica's gradients to its own accumulators, outside the
+    # cond, which then holds only the update; upstream adds `g + accumulated` at the
+    # update instead (the same sum). Reads in the cond come after these assignments
+    # (automatic control dependencies order ops on the same variable).
+    for grad, accumulator in zip(grads, accumulators):
+        strategy.extended.update(accumulator, _add, args=(grad,), group=False)
+
+    def update():
+        total = _local_map(strategy, lambda a: [x.read_value() for x in a], accumulators)
+        if not _REDUCE_EVERY_MICRO_STEP:
+            total = strategy.extended.batch_reduce_to(
+                tf.distribute.ReduceOp.SUM, list(zip(total, accumulators)))
+        mean = _local_map(strategy, lambda t: optimizer._clip_gradients([x / steps for x in t]),
+                          total)
+        if optimizer.weight_decay is not None:
+            for variable in variables:
+                strategy.extended.update(variable, _weight_decay, args=(optimizer,), group=False)
+        optimizer._distributed_tf_update_step(strategy, list(zip(mean, variables)),
+                                              optimizer.learning_rate)
+        optimizer._backend_reset_gradient_accumulators()
+
+    tf.cond((optimizer._iterations + 1) % steps == 0, update, lambda: None)
+
+
+def _local_map(strategy, fn, values):
+    """`fn(components)` on each replica's components of `values`, as per-replica values.
+
+    `values` is a list of distributed values or variables; `fn` gets one replica's
+    components of them, in order, and returns a list of tensors (on that device).
+    """
+    local = [strategy.experimental_local_results(v) for v in values]
+    replicas = len(local[0])
+    outputs = []
+    for r in range(replicas):
+        with tf.device(local[0][r].device):
+            outputs.append(fn([components[r] for components in local]))
+    return [strategy.experimental_distribute_values_from_function(
+        lambda context, i=i: outputs[context.replica_id_in_sync_group % replicas][i])
+        for i in range(len(outputs[0]))]
+
+
+def _add(accumulator, grad):
+    return accumulator.assign_add(grad)
+
+
+def _weight_decay(variable, optimizer):
+    """Upstream `_apply_weight_decay` on one replica's copy, as its TF backend does it."""
+    if optimizer._use_weight_decay(variable):
+        lr = tf.cast(optimizer.learning_rate, variable.dtype)
+        decay = tf.cast(optimizer.weight_decay, variable.dtype)
+        variable.assign_sub(variable * decay * lr)
+
+
+def _tf_optimizer() -> type:
+    return resolve(_OPTIMIZER)
+
+
+_OPTIMIZER = "keras.src.backend.tensorflow.optimizer:TFOptimizer"
+_BASE = "keras.src.optimizers.base_optimizer:BaseOptimizer"
+
+FIXES = (
+    Fix(
+        issue="keras-team/keras#20582",
+        checked_on=CHECKED_ON,
+        owner=_OPTIMIZER,
+        attribute="_backend_apply_gradients",
+        replacement=_accumulating_apply_gradients,
+        relies_on={  # the code read or called above, and how upstream accumulates
+            f"{_BASE}.__init__": "7d5c171dfc92e81f",  # _iterations: only_first_replica
+            f"{_BASE}.apply": "43097be63b919d03",  # counts micro-steps in _iterations
+            f"{_BASE}.build": "e9d310fddad51ed1",  # _accumulated_gradients
+            f"{_BASE}.iterations": "03eb6e7ab4b8a5f3",  # _iterations // K
+            f"{_BASE}._backend_apply_gradients": "48d6e24d58039241",  # replaced; EMA
+            f"{_BASE}._clip_gradients": "152b956e23c91ad9",
+            f"{_BASE}._use_weight_decay": "0e73208c5bf5328d",
+            f"{_BASE}._backend_reset_gradient_accumulators": "4e9ad3b3e598cfb6",
+            f"{_OPTIMIZER}._var_key": "726df115036636bc",
+            f"{_OPTIMIZER}._apply_weight_decay": "fee6526b6ad02f94",  # as _weight_decay
+            f"{_OPTIMIZER}._distributed_tf_update_step": "ec83c95231ba33ee",
+            f"{_OPTIMIZER}._backend_increment_gradient_accumulators": "5e5ed334c33b5a56",
+        },
+    ),
+)
+
+
+# -- TensorFlow: `distribute_datasets_from_function` counts batches, not steps --
+#
+# `DistributedDatasetsFromFunction.cardinality` counts the first input pipeline's
+# per-replica batches, one per replica of the worker and step; Keras reads it as steps
+# (`TFDatasetAdapter.num_batches`), so with R local replicas its bar counts to R x steps
+# and every epoch ends with "Your input ran out of data". There is no public way to state
+# the steps: `count_steps_not_batches` sets the private attribute the property returns,
+# on `sk.shard`'s datasets only, with R > 1 and a known count, once per dataset. No
+# upstream issue found; checked on TensorFlow 2.21.0; tests/test_upstream.py fails when
+# the property changes or TensorFlow counts steps itself.
+STEPS_RELIES_ON = {
+    "tensorflow.python.distribute.input_lib:DistributedDatasetsFromFunction.cardinality":
+        "4fc1797ea35ad1b2",
+}
+_COUNTED = weakref.WeakSet()
+
+
+def count_steps_not_batches(distributed, strategy: tf.distribute.Strategy) -> None:
+    """Makes `distributed.cardinality` the number of steps, as Keras reads it.
+
+    Args:
+        distributed: a dataset made by `strategy.distribute_datasets_from_function`
+            whose pipelines yield one per-replica batch per replica and step.
+        strategy: its strategy.
+    """
+    local_replicas = len(strategy.extended.worker_devices)
+    batches = int(distributed.cardinality)
+    if local_replicas > 1 and batches >= 0 and distributed not in _COUNTED:
+        distributed._cardinality = batches // local_replicas
+        _COUNTED.add(distributed)

@@ -1,0 +1,84 @@
+"""The upstream fixes module: each fix named, idempotent, removable, and pinned to the
+upstream code it relies on (so a Keras or TensorFlow upgrade fails here, not for users).
+
+What each fix does is tested by the tests of its feature (tests/test_accumulation.py
+for keras-team/keras#20582).
+"""
+
+import re
+
+import pytest
+import tensorflow as tf
+
+from strategykit import upstream
+
+
+@pytest.mark.parametrize("fix", upstream.FIXES, ids=lambda fix: fix.issue)
+def test_upstream_code_is_what_the_fix_was_checked_on(fix):
+    changed = {name: upstream.fingerprint(name) for name, expected in fix.relies_on.items()
+               if upstream.fingerprint(name) != expected}
+    assert not changed, (
+        f"Upstream code that the fix for {fix.issue} relies on has changed since "
+        f"{fix.checked_on}: {sorted(changed)}. Check whether {fix.issue} is fixed upstream "
+        "(then delete the fix), or re-check the fix against the new code and its tests, "
+        f"then update relies_on in strategykit/upstream.py to {changed}."
+    )
+
+
+@pytest.mark.parametrize("fix", upstream.FIXES, ids=lambda fix: fix.issue)
+def test_each_fix_names_its_issue_and_versions(fix):
+    assert re.fullmatch(r"[\w.-]+/[\w.-]+#\d+", fix.issue)
+    assert re.search(r"TensorFlow \d+\.\d+\.\d+, Keras \d+\.\d+\.\d+", fix.checked_on)
+    assert fix.relies_on
+
+
+def test_fixes_are_idempotent_and_removable():
+    upstream.install()
+    try:
+        upstream.uninstall()
+        upstream.uninstall()
+        for fix in upstream.FIXES:
+            assert not fix.installed()
+            assert vars(fix.owner_class()).get(fix.attribute) is not fix.replacement
+        upstream.install()
+        upstream.install()
+        for fix in upstream.FIXES:
+            assert fix.installed()
+            assert getattr(fix.owner_class(), fix.attribute) is fix.replacement
+        upstream.uninstall()
+    finally:
+        upstream.install()
+
+
+def test_strategies_install_the_fixes(make_strategy):
+    upstream.uninstall()
+    make_strategy(1)
+    assert all(fix.installed() for fix in upstream.FIXES)
+
+
+
+def test_tensorflow_counts_per_replica_batches_as_steps_without_the_fix(make_strategy):
+    # 8 examples in per-replica batches of 2 on 2 replicas: 2 steps, counted 4 upstream.
+    # When TensorFlow counts steps itself this fails: then remove count_steps_not_batches.
+    strategy = make_strategy(2)
+    ds = strategy.distribute_datasets_from_function(
+        lambda context: tf.data.Dataset.range(8).batch(2))
+    assert int(ds.cardinality) == 4 and len(list(ds)) == 2
+    upstream.count_steps_not_batches(ds, strategy)
+    upstream.count_steps_not_batches(ds, strategy)  # idempotent: once per dataset
+    assert int(ds.cardinality) == 2
+
+
+def test_one_replica_per_worker_is_counted_right_and_left_alone(make_strategy):
+    strategy = make_strategy(1)
+    ds = strategy.distribute_datasets_from_function(
+        lambda context: tf.data.Dataset.range(8).batch(2))
+    upstream.count_steps_not_batches(ds, strategy)
+    assert int(ds.cardinality) == 4 == len(list(ds))
+
+
+@pytest.mark.parametrize("name", sorted(upstream.STEPS_RELIES_ON))
+def test_the_step_count_relies_on_the_code_it_was_checked_on(name):
+    assert upstream.fingerprint(name) == upstream.STEPS_RELIES_ON[name], (
+        f"TensorFlow changed {name}: check count_steps_not_batches in "
+        "strategykit/upstream.py against it, then update STEPS_RELIES_ON.")
