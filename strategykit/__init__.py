@@ -13,6 +13,7 @@ from strategykit import callbacks
 from strategykit.check import CheckReport, check
 from strategykit.convert import convert_sync_batchnorm
 from strategykit.describe import describe
+from strategykit.learning_rate import scale_learning_rate
 from strategykit.reduction import reduce
 from strategykit.sharding import per_replica_batch_size, replica_batches, shard
 from strategykit.strategy import from_env, mirrored
@@ -32,6 +33,7 @@ __all__ = [
     "per_replica_batch_size",
     "reduce",
     "replica_batches",
+    "scale_learning_rate",
     "shard",
     "shard_tfds",
 ]

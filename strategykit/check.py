@@ -3,76 +3,26 @@
 Data-parallel training is only right when N replicas, each on B/N examples, end with the
 weights one device reaches on all B examples: gradients averaged over the global batch,
 loss scaled by the global batch size, batch norm synchronized. `check` trains the same
-model both ways from the same initial weights on the same batches and compares.
+model both ways from the same initial weights on the same batches and compares, by
+default in float64 so that float32 rounding cannot decide the verdict.
 """
 
 from __future__ import annotations
 
-import dataclasses
-
 import keras
-import numpy as np
 import tensorflow as tf
 
+from strategykit import weight_differences as differ
+from strategykit.check_precision import (
+    DTYPES,
+    cast_floats,
+    global_dtype_policy,
+    other_dtype_layers,
+)
+from strategykit.check_report import CheckReport
 from strategykit.strategy import mirrored
 
-
-@dataclasses.dataclass(frozen=True)
-class CheckReport:
-    """What `check()` found.
-
-    Attributes:
-        replicas: replicas of the distributed run.
-        global_batch_size: examples per step, over all replicas.
-        steps: training steps taken by each run.
-        tolerance: largest absolute weight difference accepted.
-        differences: largest absolute difference per weight, by weight path.
-        single_device_loss: the 1-device run's last reported loss.
-        distributed_loss: the N-replica run's last reported loss.
-    """
-
-    replicas: int
-    global_batch_size: int
-    steps: int
-    tolerance: float
-    differences: dict
-    single_device_loss: float
-    distributed_loss: float
-
-    @property
-    def max_difference(self) -> float:
-        """The largest absolute difference of any weight."""
-        return max(self.differences.values(), default=0.0)
-
-    @property
-    def worst_weight(self) -> str | None:
-        """The path of the weight that differs most."""
-        return max(self.differences, key=self.differences.get, default=None)
-
-    @property
-    def passed(self) -> bool:
-        """Whether every weight agrees within `tolerance`."""
-        return self.max_difference <= self.tolerance
-
-    def __bool__(self) -> bool:
-        return self.passed
-
-    def __str__(self) -> str:
-        verdict = "PASSED" if self.passed else "FAILED"
-        lines = [
-            f"{verdict}: {self.replicas} replicas x {self.global_batch_size // self.replicas} "
-            f"examples against 1 device x {self.global_batch_size}, {self.steps} steps",
-            f"  largest weight difference {self.max_difference:.3g} "
-            f"(tolerance {self.tolerance:g}) in {self.worst_weight}",
-            f"  last loss: 1 device {self.single_device_loss:.6g}, "
-            f"{self.replicas} replicas {self.distributed_loss:.6g}",
-        ]
-        if not self.passed:
-            lines.append(
-                "  Look for loss scaled by the per-replica batch, unsynchronized "
-                "BatchNormalization (sk.convert_sync_batchnorm), or randomness in the model."
-            )
-        return "\n".join(lines)
+__all__ = ["CheckReport", "check"]
 
 
 def check(
@@ -84,6 +34,8 @@ def check(
     steps: int = 3,
     tolerance: float = 1e-5,
     strategy: tf.distribute.Strategy | None = None,
+    dtype: str | None = "float64",
+    gradient_accumulation_steps: int = 1,
 ) -> CheckReport:
     """Trains `model_fn()` on 1 device and on N replicas and compares the weights.
 
@@ -91,67 +43,145 @@ def check(
     copied into the distributed one) and see the same global batches in the same order,
     unshuffled. The model must be deterministic (no dropout or random augmentation).
 
+    **Why float64 by default.** A correct distributed run sums the same numbers in
+    another order, so in float32 its weights differ from one device's by rounding, and
+    a deep net at random initialization amplifies that from step to step: a ResNet50
+    backbone with 44 synchronized batch norm layers ends 0.03 apart after 3 steps, as
+    far as the same net on one device with and without XLA, and about as far as a real
+    error (the same net with unsynchronized batch norm, 0.06). No float32 tolerance
+    separates the two, and neither would one calibrated on a measured float32 noise
+    floor: the noise is the size of the error. In float64 the rounding is 1e-16 instead
+    of 1e-7: the correct run agrees within 1e-9 (2e-11 on that net) and the wrong one
+    still differs by 0.06, so the default absolute tolerance of 1e-5 separates them by
+    about four orders of magnitude on each side. So both models are built and trained
+    under the global dtype policy `"float64"` and floating-point data is cast to
+    float64; the user's policy (`mixed_float16` too) is restored afterwards, also when
+    the check raises. It costs time (float64 is slower, and much slower on GPUs), not
+    correctness: the check is about the distribution arithmetic, not about the
+    precision used in production.
+
+    Layers that pin their own dtype (`dtype="float32"`, a per-layer mixed policy, or
+    every layer of a model loaded from a file or cloned from a model built *outside*
+    `model_fn`, whose configs carry their dtype) keep it and their rounding; they are
+    listed in `CheckReport.other_dtype_layers` and a warning. Weights pinned to another
+    dtype than the rest of the model are an error: tf.distribute cannot all-reduce
+    gradients of mixed dtypes. Build the model inside `model_fn` for a float64 check.
+    The global policy is a process-wide setting: do not build other models in other
+    threads during a check.
+
     Args:
         model_fn: a function without arguments returning a compiled Keras model. It is
-            called twice: once outside any strategy, once inside the N-replica scope.
+            called twice: once outside any strategy, once inside the N-replica scope,
+            both times under the dtype policy `dtype`.
         data: `(x, y)` numpy arrays (or dicts of arrays for named inputs).
         replicas: replicas of the distributed run. Default 2.
-        global_batch_size: examples per step over all replicas. Default: `4 * replicas`.
-            Must be a multiple of `replicas`.
-        steps: training steps to compare. Default 3.
+        global_batch_size: examples per step of the distributed run over all replicas.
+            Default: `4 * replicas`. Must be a multiple of `replicas`.
+        steps: weight updates to compare. Default 3.
         tolerance: largest absolute weight difference accepted. Default 1e-5.
         strategy: the N-replica strategy to use. Default: `sk.mirrored(replicas=replicas)`.
+        dtype: `"float64"` (default) to build and train both models in float64,
+            `"float32"` for float32, or None to keep the user's global dtype policy.
+        gradient_accumulation_steps: K, an int >= 1. Default 1 (none). With K > 1 both
+            models' optimizers accumulate gradients over K micro-steps of
+            `global_batch_size` examples per update (fresh optimizers built from their
+            config with Keras's `gradient_accumulation_steps=K`): N replicas x K
+            micro-batches against 1 device x K micro-batches of the global batch. That
+            is the one reference batch norm can match: it normalizes each micro-batch,
+            over `global_batch_size` examples when synchronized, on both sides. For a
+            model without batch-dependent layers it is also one step on the whole
+            `K * global_batch_size` examples (tests/test_check.py shows both). The
+            optimizer in `model_fn` must not accumulate itself. Under a strategy not
+            built by `sk.mirrored`/`sk.from_env`, Keras's accumulation fails
+            (keras-team/keras#20582, fixed in `strategykit.upstream`).
 
     Returns:
-        A `CheckReport`; true when the weights agree, and printable.
+        A `CheckReport`; true when the weights agree, and printable. When it failed,
+        `first_differing_layer` says where the difference starts: the first layer in
+        forward order whose weights differ beyond `tolerance` after the first update,
+        its forward state (moving statistics) looked at before its trainable weights,
+        which backpropagation makes differ in every layer before a faulty one.
 
     Raises:
-        ValueError: `global_batch_size` is not a multiple of `replicas`, the data holds
-            fewer than `steps` global batches, or `model_fn` returns an uncompiled model.
+        ValueError: an invalid `dtype` or `gradient_accumulation_steps`,
+            `global_batch_size` not a multiple of `replicas`, data holding fewer than
+            `steps` updates' worth of examples, `model_fn` returning an uncompiled
+            model or one whose weights mix `dtype` and another dtype, or with K > 1
+            an optimizer that already accumulates gradients or is a
+            `LossScaleOptimizer`.
 
     Example:
         >>> import keras, numpy as np, strategykit as sk
         >>> def model_fn():
+        ...     keras.utils.set_random_seed(0)
         ...     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
         ...     model.compile("sgd", "mse")
         ...     return model
-        >>> x = np.random.default_rng(0).normal(size=(32, 3)).astype("float32")
+        >>> x = np.random.default_rng(0).normal(size=(48, 3)).astype("float32")
         >>> report = sk.check(model_fn, (x, x.sum(1)), replicas=2)  # doctest: +SKIP
-        >>> report.passed  # doctest: +SKIP
-        True
+        >>> report.passed, report.dtype  # doctest: +SKIP
+        (True, 'float64')
+        >>> report = sk.check(model_fn, (x, x.sum(1)), replicas=2,  # doctest: +SKIP
+        ...                   gradient_accumulation_steps=2)
     """
+    _check_options(dtype, gradient_accumulation_steps)
     strategy = strategy or mirrored(replicas=replicas)
     replicas = strategy.num_replicas_in_sync
     global_batch_size = global_batch_size or 4 * replicas
-    _check_arguments(data, replicas, global_batch_size, steps)
-    batches = tf.data.Dataset.from_tensor_slices(data).batch(global_batch_size).take(steps)
+    accumulation = gradient_accumulation_steps
+    _check_arguments(data, replicas, global_batch_size, steps, accumulation)
+    data = cast_floats(data, dtype)
+    micro_batches = tf.data.Dataset.from_tensor_slices(data).batch(global_batch_size).take(
+        steps * accumulation)
 
-    single = _compiled(model_fn)
-    initial_weights = single.get_weights()
-    single_loss = _train(single, batches)
-    with strategy.scope():
-        distributed = _compiled(model_fn)
-    distributed.set_weights(initial_weights)
-    distributed_loss = _train(distributed, batches)
+    with global_dtype_policy(dtype):
+        single = _accumulating(_compiled(model_fn), accumulation)
+        other_dtypes = other_dtype_layers(single, dtype)
+        initial_weights = single.get_weights()
+        single_loss, single_first = _train(single, micro_batches, first_update=accumulation)
+        with strategy.scope():
+            distributed = _accumulating(_compiled(model_fn), accumulation)
+        distributed.set_weights(initial_weights)
+        distributed_loss, distributed_first = _train(distributed, micro_batches,
+                                                     first_update=accumulation)
 
-    differences = {
-        a.path: float(np.max(np.abs(np.asarray(a) - np.asarray(b)), initial=0.0))
-        for a, b in zip(single.weights, distributed.weights)
-    }
+    final = differ.largest(differ.values(single), differ.values(distributed))
+    first_update = None  # unseen when Keras skips batch callbacks (steps_per_execution)
+    if single_first and distributed_first:
+        first_update = differ.largest(single_first, distributed_first)
+    first_layer, stage = differ.start(single, first_update, final, tolerance)
     return CheckReport(
         replicas=replicas,
         global_batch_size=global_batch_size,
         steps=steps,
         tolerance=tolerance,
-        differences=differences,
+        differences={w.path: difference for w, difference in zip(single.weights, final)},
         single_device_loss=single_loss,
         distributed_loss=distributed_loss,
+        dtype=dtype,
+        gradient_accumulation_steps=accumulation,
+        layer_differences=differ.by_layer(single, final),
+        first_differing_layer=first_layer,
+        first_difference_stage=stage,
+        other_dtype_layers=other_dtypes,
     )
 
 
-def _train(model: keras.Model, batches: tf.data.Dataset) -> float:
-    """One pass over `batches`, in order; returns the last reported loss."""
-    return model.fit(batches, epochs=1, verbose=0, shuffle=False).history["loss"][-1]
+def _train(model: keras.Model, batches: tf.data.Dataset, first_update: int):
+    """One pass over `batches`, in order.
+
+    Returns:
+        The last reported loss, and the weights after the first `first_update` batches.
+    """
+    after_first_update = []
+
+    def snapshot(batch, logs=None):
+        if batch == first_update - 1:
+            after_first_update.extend(differ.values(model))
+
+    history = model.fit(batches, epochs=1, verbose=0, shuffle=False, callbacks=[
+        keras.callbacks.LambdaCallback(on_train_batch_end=snapshot)])
+    return history.history["loss"][-1], after_first_update
 
 
 def _compiled(model_fn) -> keras.Model:
@@ -165,7 +195,54 @@ def _compiled(model_fn) -> keras.Model:
     return model
 
 
-def _check_arguments(data, replicas, global_batch_size, steps) -> None:
+def _accumulating(model: keras.Model, steps: int) -> keras.Model:
+    """`model`, its optimizer replaced by one configured alike that accumulates over
+    `steps` micro-steps (nothing changes for 1). Replaced, not recompiled: the loss, loss
+    weights and metrics stay as compiled. Built in the caller's scope, so its variables
+    belong to the caller's strategy."""
+    _check_optimizer(model.optimizer, steps)
+    if steps > 1:
+        config = {**model.optimizer.get_config(), "gradient_accumulation_steps": steps}
+        model.optimizer = type(model.optimizer).from_config(config)
+    return model
+
+
+def _check_options(dtype, accumulation) -> None:
+    if not (dtype is None or isinstance(dtype, str)) or dtype not in DTYPES:
+        raise ValueError(
+            f"dtype must be one of {DTYPES}. Received: dtype={dtype!r}. Use \"float64\" "
+            "(default) for a verdict free of float32 rounding, \"float32\", or None to "
+            "keep your global dtype policy."
+        )
+    if isinstance(accumulation, bool) or not isinstance(accumulation, int) or accumulation < 1:
+        raise ValueError(
+            f"gradient_accumulation_steps must be an int >= 1. Received: "
+            f"gradient_accumulation_steps={accumulation!r}. Pass 1 (no accumulation) or "
+            "the number of micro-steps per weight update, e.g. 4."
+        )
+
+
+def _check_optimizer(optimizer, accumulation: int) -> None:
+    if accumulation == 1:
+        return
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        raise ValueError(
+            "sk.check cannot add gradient accumulation to a LossScaleOptimizer. Received: "
+            f"gradient_accumulation_steps={accumulation} with {optimizer.name!r}. Compile "
+            "with the inner optimizer: in float64 (sk.check's default dtype) loss scaling "
+            "is not needed."
+        )
+    if optimizer.gradient_accumulation_steps:
+        raise ValueError(
+            f"model_fn's optimizer already accumulates gradients (gradient_accumulation_"
+            f"steps={optimizer.gradient_accumulation_steps}), so the 1-device reference "
+            f"would too. Received: gradient_accumulation_steps={accumulation}. Build the "
+            "optimizer without gradient_accumulation_steps; sk.check sets it on the "
+            "distributed run only."
+        )
+
+
+def _check_arguments(data, replicas, global_batch_size, steps, accumulation) -> None:
     if global_batch_size % replicas:
         raise ValueError(
             f"global_batch_size={global_batch_size} does not divide evenly over {replicas} "
@@ -173,9 +250,14 @@ def _check_arguments(data, replicas, global_batch_size, steps) -> None:
             f"of {replicas}."
         )
     examples = len(tf.nest.flatten(data)[0])
-    if examples < steps * global_batch_size:
+    if examples < steps * accumulation * global_batch_size:
+        names, values = "steps x global_batch_size", f"{steps} x {global_batch_size}"
+        if accumulation > 1:
+            names = "steps x gradient_accumulation_steps x global_batch_size"
+            values = f"{steps} x {accumulation} x {global_batch_size}"
         raise ValueError(
-            f"The data holds {examples} examples, fewer than steps x global_batch_size = "
-            f"{steps} x {global_batch_size}. Received: steps={steps}, global_batch_size="
-            f"{global_batch_size}. Pass more data, fewer steps or a smaller batch."
+            f"The data holds {examples} examples, fewer than {names} = {values}. Received: "
+            f"steps={steps}, global_batch_size={global_batch_size}, "
+            f"gradient_accumulation_steps={accumulation}. Pass more data, fewer steps or "
+            "a smaller batch."
         )

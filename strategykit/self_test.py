@@ -1,7 +1,8 @@
 """`strategykit check`: the equivalence self-test on this machine.
 
 Trains the demo's conv net, with synchronized batch norm, for a few steps on real digits
-on N replicas and on one device, and compares the weights with `sk.check`.
+on N replicas and on one device, and compares the weights with `sk.check` and its
+defaults: in float64, within 1e-5.
 """
 
 from __future__ import annotations
@@ -22,10 +23,13 @@ def run(replicas: int = 2, steps: int = 3) -> CheckReport:
         replicas: replicas compared against one device. Default 2.
         steps: training steps compared. Default 3.
 
+    Returns:
+        The `sk.check` report: in float64 with its default tolerance, 1e-5.
+
     Example:
         >>> from strategykit import self_test
         >>> print(self_test.run(replicas=2))  # doctest: +SKIP
-        PASSED: 2 replicas x 16 examples against 1 device x 32, 3 steps
+        PASSED: 2 replicas x 16 examples against 1 device x 32, 3 steps, in float64
         ...
     """
     strategy = mirrored(replicas=replicas)
@@ -41,4 +45,4 @@ def run(replicas: int = 2, steps: int = 3) -> CheckReport:
         return model
 
     return check(model_fn, (data.x_train, data.y_train), strategy=strategy,
-                 global_batch_size=16 * replicas, steps=steps, tolerance=1e-4)
+                 global_batch_size=16 * replicas, steps=steps)

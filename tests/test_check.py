@@ -1,6 +1,9 @@
+import re
+
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 from conftest import bn_regressor, cpu_devices
 
 import strategykit as sk
@@ -66,3 +69,256 @@ def test_model_fn_must_return_a_compiled_model():
     with pytest.raises(ValueError, match=r"must return a compiled Keras model\. Received: "
                        r"Sequential \(not compiled\)"):
         sk.check(uncompiled, data(), replicas=2)
+
+
+# The net of issue 12: a DeepLab-style segmentation net on a ResNet50 backbone up to
+# conv4_block6_out (43 BN layers) with a small head (1 more), 64x64 inputs, 5 classes.
+def deeplab_fn(synchronized):
+    def model_fn():
+        keras.utils.set_random_seed(0)
+        backbone = keras.applications.ResNet50(weights=None, include_top=False,
+                                               input_shape=(64, 64, 3))
+        x = backbone.get_layer("conv4_block6_out").output
+        x = keras.layers.Conv2D(32, 1, use_bias=False)(x)
+        x = keras.layers.BatchNormalization()(x)
+        x = keras.layers.ReLU()(x)
+        x = keras.layers.Conv2D(5, 1)(x)
+        logits = keras.layers.UpSampling2D(16, interpolation="bilinear")(x)
+        model = keras.Model(backbone.input, logits)
+        if synchronized:
+            model = sk.convert_sync_batchnorm(model)
+        model.compile(keras.optimizers.SGD(0.01),
+                      keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return model
+
+    return model_fn
+
+
+def test_the_44_batch_norm_resnet50_net_passes_with_sync_bn_and_fails_without():
+    # float32 rounding alone moves this net 0.03 in 3 steps (as much as the real error);
+    # the default float64 comparison separates the two.
+    model = deeplab_fn(synchronized=True)()
+    assert sum(isinstance(layer, sk.SyncBatchNormalization) for layer in model.layers) == 44
+    rng = np.random.default_rng(0)
+    data = (rng.normal(size=(24, 64, 64, 3)).astype("float32"),
+            rng.integers(0, 5, size=(24, 64, 64)))
+    strategy = sk.mirrored(cpu_devices(4))
+
+    synced = sk.check(deeplab_fn(synchronized=True), data, strategy=strategy,
+                      global_batch_size=8)
+    assert synced.passed, str(synced)
+    assert synced.dtype == "float64" and synced.max_difference < 1e-8
+    assert synced.first_differing_layer is None
+
+    local = sk.check(deeplab_fn(synchronized=False), data, strategy=strategy,
+                     global_batch_size=8)
+    assert not local.passed and local.max_difference > 1e-2
+    assert local.first_differing_layer == "conv1_bn"
+    assert local.first_difference_stage == "forward"
+    assert "differences start at layer conv1_bn" in str(local)
+
+
+@pytest.fixture
+def global_policy():
+    """Sets the global dtype policy for a test; restores float32 afterwards."""
+    yield keras.config.set_dtype_policy
+    keras.config.set_dtype_policy("float32")
+
+
+@pytest.mark.parametrize("dtype, built", [("float64", "float64"), ("float32", "float32"),
+                                          (None, "mixed_bfloat16")])
+def test_models_are_built_in_dtype_and_the_users_policy_is_restored(
+        global_policy, dtype, built):
+    global_policy("mixed_bfloat16")
+    policies = []
+
+    def model_fn():
+        model = dense_model()
+        policies.append(model.layers[0].dtype_policy.name)
+        return model
+
+    report = sk.check(model_fn, data(), strategy=sk.mirrored(cpu_devices(2)), dtype=dtype)
+    assert policies == [built, built]
+    assert report.dtype == dtype
+    assert keras.config.dtype_policy().name == "mixed_bfloat16"
+
+
+def test_the_users_policy_is_restored_when_the_check_raises(global_policy):
+    global_policy("mixed_float16")
+
+    def broken():
+        raise RuntimeError("model_fn broke")
+
+    with pytest.raises(RuntimeError, match="model_fn broke"):
+        sk.check(broken, data(), strategy=sk.mirrored(cpu_devices(2)))
+    assert keras.config.dtype_policy().name == "mixed_float16"
+
+
+def pinned_fn(layer_fn):
+    def model_fn():
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1, name="free"),
+                                  layer_fn()])
+        model.compile(keras.optimizers.SGD(0.1), "mse")
+        return model
+
+    return model_fn
+
+
+def test_layers_computing_in_their_own_dtype_are_reported():
+    pinned = pinned_fn(lambda: keras.layers.Activation("tanh", dtype="float32", name="pinned"))
+    with pytest.warns(UserWarning, match=r"compared in float64, but 1 layers pin their own "
+                      r"dtype: pinned \(float32\)\. Their rounding"):
+        report = sk.check(pinned, data(), strategy=sk.mirrored(cpu_devices(2)))
+    assert report.other_dtype_layers == {"pinned": "float32"}
+    assert "note: sk.check compared in float64, but 1 layers" in str(report)
+
+
+def test_weights_pinned_to_another_dtype_are_an_error():
+    pinned = pinned_fn(lambda: keras.layers.Dense(1, dtype="float32", name="pinned"))
+    with pytest.raises(ValueError, match=r"builds the model in float64, but layers "
+                       r"\['pinned'\] pin weights in another dtype, .* Received: "
+                       r"dtype='float64', weights in \['float32', 'float64'\]\. Build"):
+        sk.check(pinned, data(), strategy=sk.mirrored(cpu_devices(2)))
+    report = sk.check(pinned, data(), strategy=sk.mirrored(cpu_devices(2)), dtype=None)
+    assert report.passed and report.dtype is None, str(report)
+
+
+def named_net(loss="mse", local_batch_norm=keras.layers.BatchNormalization):
+    """stem -> synced BN -> nested block (middle -> local BN) -> head, all trainable."""
+    def model_fn():
+        keras.utils.set_random_seed(2)
+        block = keras.Sequential([keras.Input((4,)), keras.layers.Dense(4, name="middle"),
+                                  local_batch_norm(name="local")], name="block")
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, name="stem"),
+                                  sk.SyncBatchNormalization(name="synced"), block,
+                                  keras.layers.Dense(1, name="head")])
+        model.compile(keras.optimizers.SGD(0.05), loss)
+        return model
+
+    return model_fn
+
+
+def test_the_first_differing_layer_is_where_the_forward_pass_first_differs():
+    report = sk.check(named_net(), data(), strategy=sk.mirrored(cpu_devices(2)),
+                      global_batch_size=8, steps=3)
+    assert not report.passed
+    assert list(report.layer_differences) == ["stem", "synced", "block/middle",
+                                              "block/local", "head"]
+    # Backpropagation through the local BN moves every layer before it too ...
+    assert report.layer_differences["stem"] > report.tolerance
+    # ... but the forward pass first differs at the unsynchronized one.
+    assert report.first_differing_layer == "block/local"
+    assert report.first_difference_stage == "forward"
+    assert "differences start at layer block/local: its forward state" in str(report)
+
+
+def test_a_loss_scaled_per_replica_differs_first_in_the_gradients():
+    def replica_scaled_mse(y, prediction):  # the classic mistake: N times the gradient
+        replicas = tf.distribute.get_strategy().num_replicas_in_sync
+        return keras.losses.mean_squared_error(y, prediction) * replicas
+
+    strategy = sk.mirrored(cpu_devices(2))
+    synced = sk.check(named_net(local_batch_norm=sk.SyncBatchNormalization), data(),
+                      strategy=strategy, global_batch_size=8)
+    assert synced.passed, str(synced)
+    report = sk.check(named_net(replica_scaled_mse, sk.SyncBatchNormalization), data(),
+                      strategy=strategy, global_batch_size=8)
+    assert not report.passed
+    assert report.first_differing_layer == "stem"
+    assert report.first_difference_stage == "gradients"
+    assert "differences start at layer stem: the forward pass agrees" in str(report)
+
+
+def accumulation_model_fn(optimizer_fn, batch_norm=False, synchronized=True):
+    def model_fn():
+        keras.utils.set_random_seed(1)
+        layers = [keras.Input((3,)), keras.layers.Dense(4, activation="tanh")]
+        norm = sk.SyncBatchNormalization if synchronized else keras.layers.BatchNormalization
+        layers += [norm()] if batch_norm else []
+        model = keras.Sequential([*layers, keras.layers.Dense(1)])
+        model.compile(optimizer_fn(), "mse")
+        return model
+
+    return model_fn
+
+
+@pytest.mark.parametrize("optimizer_fn", [lambda: keras.optimizers.SGD(0.05, momentum=0.9),
+                                          lambda: keras.optimizers.Adam(0.01)],
+                         ids=["sgd_momentum", "adam"])
+def test_accumulation_on_replicas_equals_one_device_on_the_accumulated_batch(optimizer_fn):
+    report = sk.check(accumulation_model_fn(optimizer_fn), data(),
+                      strategy=sk.mirrored(cpu_devices(2)), global_batch_size=8, steps=2,
+                      gradient_accumulation_steps=3)
+    assert report.passed, str(report)
+    assert report.gradient_accumulation_steps == 3
+    assert str(report).startswith("PASSED: 2 replicas x 4 examples x 3 accumulation steps "
+                                  "against 1 device x 8 examples x 3 accumulation steps, "
+                                  "2 steps, in float64")
+
+
+def test_the_accumulating_reference_equals_one_device_on_the_accumulated_batch():
+    # Without batch-dependent layers, 1 device accumulating 3 micro-batches of 8 (the
+    # check's reference) is 1 device taking one step on the 24.
+    x, y = data()
+    weights = []
+    for batch, steps in ((24, 1), (8, 3)):
+        model = accumulation_model_fn(lambda s=steps: keras.optimizers.Adam(
+            0.01, gradient_accumulation_steps=s if s > 1 else None))()
+        model.fit(x[:48], y[:48], batch_size=batch, epochs=1, shuffle=False, verbose=0)
+        weights.append(model.get_weights())
+    for big_batch, accumulated in zip(*weights):
+        np.testing.assert_allclose(accumulated, big_batch, atol=1e-6)
+
+
+@pytest.mark.parametrize(("synchronized", "passed"), [(True, True), (False, False)])
+def test_batch_norm_under_accumulation_passes_only_synchronized(synchronized, passed):
+    # Both sides normalize each micro-batch of 8: over the 2 replicas' 4 + 4 examples
+    # when synchronized, which equals 1 device's micro-batch of 8; per replica otherwise.
+    report = sk.check(accumulation_model_fn(lambda: keras.optimizers.SGD(0.05), True,
+                                            synchronized), data(),
+                      strategy=sk.mirrored(cpu_devices(2)), global_batch_size=8, steps=2,
+                      gradient_accumulation_steps=3)
+    assert report.passed is passed, str(report)
+    if not passed:
+        assert report.first_difference_stage == "forward"
+
+
+@pytest.mark.parametrize("dtype", ["float16", "Float64", True, np.float64])
+def test_dtype_must_be_float64_float32_or_none(dtype):
+    with pytest.raises(ValueError, match=r"dtype must be one of \('float64', 'float32', "
+                       rf"None\)\. Received: dtype={re.escape(repr(dtype))}\. Use \"float64\""):
+        sk.check(dense_model, data(), replicas=2, dtype=dtype)
+
+
+@pytest.mark.parametrize("steps", [0, -2, 2.0, True, "4", None])
+def test_gradient_accumulation_steps_must_be_a_positive_int(steps):
+    with pytest.raises(ValueError, match=r"gradient_accumulation_steps must be an int >= 1\. "
+                       rf"Received: gradient_accumulation_steps={re.escape(repr(steps))}\. "
+                       r"Pass 1 \(no accumulation\)"):
+        sk.check(dense_model, data(), replicas=2, gradient_accumulation_steps=steps)
+
+
+def test_too_little_data_for_the_accumulated_steps_is_an_error():
+    with pytest.raises(ValueError, match=r"holds 48 examples, fewer than steps x "
+                       r"gradient_accumulation_steps x global_batch_size = 3 x 4 x 8\. "
+                       r"Received: steps=3, global_batch_size=8, "
+                       r"gradient_accumulation_steps=4\. Pass more data"):
+        sk.check(dense_model, data(), replicas=2, gradient_accumulation_steps=4)
+
+
+def test_an_optimizer_that_already_accumulates_is_an_error():
+    optimizer_fn = lambda: keras.optimizers.SGD(0.1, gradient_accumulation_steps=2)  # noqa: E731
+    with pytest.raises(ValueError, match=r"model_fn's optimizer already accumulates gradients "
+                       r"\(gradient_accumulation_steps=2\), so the 1-device reference would "
+                       r"too\. Received: gradient_accumulation_steps=3\. Build the optimizer"):
+        sk.check(accumulation_model_fn(optimizer_fn), data(), replicas=2, steps=1,
+                 gradient_accumulation_steps=3)
+
+
+def test_a_loss_scale_optimizer_cannot_accumulate_in_the_check():
+    optimizer_fn = lambda: keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD())  # noqa: E731
+    with pytest.raises(ValueError, match=r"cannot add gradient accumulation to a "
+                       r"LossScaleOptimizer\. Received: gradient_accumulation_steps=2 with "
+                       r"'loss_scale_optimizer'\. Compile with the inner optimizer"):
+        sk.check(accumulation_model_fn(optimizer_fn), data(), replicas=2, steps=1,
+                 gradient_accumulation_steps=2)
