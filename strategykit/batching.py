@@ -67,7 +67,8 @@ def batch_for_replicas(
 
     Returns:
         A dataset of batches `(x, y, w)`, or `x` for features-only data (which cannot
-        carry weights: its padded copies are not marked).
+        carry weights: its padded copies are not marked); of known cardinality when
+        `size` is known (`replicas` elements a step when `per_replica`).
     """
     if remainder == "split":
         batches = _batches_without_tiny_remainder(examples, pipeline_batch_size, replicas, size)
@@ -89,11 +90,33 @@ def batch_for_replicas(
         return _pad((x, y, weight), pipeline_batch_size, replicas, weighted=True)
 
     batches = batches.map(weigh, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    if not per_replica:
+    if per_replica:
+        batches = (split_evenly(batches, replicas) if remainder == "split"
+                   else batches.rebatch(pipeline_batch_size // replicas))
+    if size is None:
         return batches
-    if remainder == "split":
-        return split_evenly(batches, replicas)
-    return batches.rebatch(pipeline_batch_size // replicas)
+    # Grouping and splitting lose tf.data's count of the batches; state it, so that
+    # Keras knows the number of steps (no "ran out of data", a progress bar of N/N).
+    steps = count_batches(size, pipeline_batch_size, replicas, remainder)
+    return batches.apply(
+        tf.data.experimental.assert_cardinality(steps * (replicas if per_replica else 1)))
+
+
+def count_batches(size: int, batch_size: int, replicas: int, remainder: str) -> int:
+    """How many batches `batch_for_replicas` makes of `size` examples (one per step).
+
+    Example:
+        >>> count_batches(10, 4, replicas=2, remainder="pad")
+        3
+        >>> count_batches(9, 4, replicas=2, remainder="split")  # 1 example joins the 2nd
+        2
+        >>> count_batches(10, 4, replicas=2, remainder="drop")
+        2
+    """
+    full, extra = divmod(size, batch_size)
+    if remainder == "drop" or (remainder == "split" and 0 < extra < replicas and full):
+        return full
+    return full + (extra > 0)
 
 
 def split_evenly(batches: tf.data.Dataset, replicas: int) -> tf.data.Dataset:

@@ -1,4 +1,8 @@
-"""The `strategykit` command: `info`, `demo`, `check`."""
+"""The `strategykit` command: `info`, `demo`, `check`.
+
+The installed command enters through `strategykit_console`, which keeps TensorFlow's C++
+log lines off screen unless `--verbose` is given.
+"""
 
 from __future__ import annotations
 
@@ -8,19 +12,24 @@ import sys
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the `strategykit` command."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--verbose", action="store_true",
+                        help="show TensorFlow's own C++ log lines (hidden by default)")
     parser = argparse.ArgumentParser(
-        prog="strategykit",
+        prog="strategykit", parents=[common],
         description="Data-parallel Keras training across several devices.",
     )
     commands = parser.add_subparsers(dest="command", required=True)
 
-    info = commands.add_parser("info", help="devices, strategy and all-reduce of this machine")
+    info = commands.add_parser("info", parents=[common],
+                               help="devices, strategy and all-reduce of this machine")
     _add_replicas(info, "show the strategy for N replicas (logical devices when there are "
                         "fewer); default: every GPU, or the CPU")
     info.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
     demo = commands.add_parser(
-        "demo", help="the main job: train a conv net on real data across replicas",
+        "demo", parents=[common],
+        help="the main job: train a conv net on real data across replicas",
         description="Trains a small conv net with synchronized batch norm on scikit-learn's "
                     "8x8 digits across replicas, shows every replica's loss, and writes the "
                     "loss plot and the history.",
@@ -37,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--data-dir", default=None, help="where that TFDS dataset is prepared")
 
     check = commands.add_parser(
-        "check", help="self-test: N-replica training equals 1-device training here",
+        "check", parents=[common],
+        help="self-test: N-replica training equals 1-device training here",
     )
     _add_replicas(check, "replicas to compare against one device (default 2)")
     return parser

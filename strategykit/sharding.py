@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from strategykit.batching import batch_for_replicas, split_labels
 from strategykit.sources import check_size, examples_source
+from strategykit.upstream import count_steps_not_batches
 
 _WEIGHTED = weakref.WeakKeyDictionary()  # distributed datasets made here that carry weights
 
@@ -174,6 +175,8 @@ def shard(
             lambda context: pipeline(*_own_part(source(None), size, context), context=context))
     else:
         distributed = strategy.experimental_distribute_dataset(pipeline(source(None)))
+    if callable(data) or remainder == "split":  # made by distribute_datasets_from_function
+        count_steps_not_batches(distributed, strategy)
     _WEIGHTED[distributed] = True
     return distributed
 
@@ -194,6 +197,8 @@ def make_pipeline(examples, size=None, context=None, *, global_batch_size, remai
         examples = examples.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
     if augment is not None:
         examples = _augmented(examples, augment, seed, context)
+    if size is None:
+        size = _known_size(examples)
     batch_size = global_batch_size
     if context is not None:
         replicas = context.num_replicas_in_sync // context.num_input_pipelines
@@ -203,6 +208,14 @@ def make_pipeline(examples, size=None, context=None, *, global_batch_size, remai
         per_replica=context is not None, size=size,
     )
     return batches.prefetch(tf.data.AUTOTUNE).with_options(options)
+
+
+def _known_size(examples: tf.data.Dataset) -> int | None:
+    """The number of examples when tf.data knows it (a function's dataset, say)."""
+    if not tf.executing_eagerly():
+        return None
+    cardinality = int(examples.cardinality())
+    return cardinality if cardinality >= 0 else None
 
 
 def _own_part(examples, size, context):
@@ -274,3 +287,4 @@ def _check_strategy(strategy):
             f"strategy must be a tf.distribute.Strategy. Received: {type(strategy).__name__}. "
             "Build one with sk.mirrored() or sk.from_env()."
         )
+

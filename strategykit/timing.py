@@ -8,7 +8,8 @@ import keras
 
 
 class EpochTimer(keras.callbacks.Callback):
-    """Records the wall time of each epoch, in seconds, in `seconds`.
+    """Records the wall time of each epoch, in seconds, in `seconds`, and its training
+    steps (batch callbacks) in `steps`.
 
     The first epoch includes tracing the train function; later epochs are the steady
     state. On a noisy machine take the fastest later epoch: interference only adds time.
@@ -20,17 +21,22 @@ class EpochTimer(keras.callbacks.Callback):
         >>> model.compile("sgd", "mse")
         >>> timer = EpochTimer()
         >>> _ = model.fit(np.ones((8, 2)), np.ones(8), epochs=2, verbose=0, callbacks=[timer])
-        >>> len(timer.seconds)
-        2
+        >>> len(timer.seconds), timer.steps
+        (2, [1, 1])
     """
 
     def __init__(self):
         super().__init__()
         self.seconds: list[float] = []
+        self.steps: list[int] = []
         self._start = 0.0
 
     def on_epoch_begin(self, epoch, logs=None):
         self._start = time.perf_counter()
+        self.steps.append(0)
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.steps[-1] += 1
 
     def on_epoch_end(self, epoch, logs=None):
         self.seconds.append(time.perf_counter() - self._start)

@@ -7,6 +7,7 @@ in a fresh process.
 """
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -48,6 +49,13 @@ class ZeroSubclassed(keras.Model):
 
     def call(self, x):
         return self.dense(x)
+
+
+def progress_lines(text: str) -> list[str]:
+    """Keras progress bar lines in printed output, as a terminal shows them, colourless."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", text)
+    lines = re.split(r"[\r\n\b]+", text)
+    return [line for line in lines if re.match(r"\s*\d+/(\d+|Unknown) ", line)]
 
 
 def cpu_devices(replicas: int) -> list[str]:

@@ -1,7 +1,11 @@
 import csv
+import os
 import re
 import subprocess
 import sys
+
+from conftest import progress_lines
+from test_cli import TF_LOG_LINE
 
 from strategykit import cli
 from strategykit.demo import build_classifier, run_demo
@@ -13,10 +17,12 @@ def summary_rows(text: str) -> dict:
 
 
 def test_the_readme_demo_reaches_95_percent_and_writes_its_plot_and_history(tmp_path):
-    # The README's first command, as a user runs it: a fresh process, default settings.
+    # The README's first command, as a user runs it: a fresh process through the
+    # command's entry point, default settings, no logging variables.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_CPP", "ABSL"))}
     result = subprocess.run(
-        [sys.executable, "-m", "strategykit.cli", "demo", "--out", str(tmp_path)],
-        capture_output=True, text=True, timeout=900,
+        [sys.executable, "-m", "strategykit_console", "demo", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=900, env=env,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     summary = summary_rows(result.stdout.split("\n\n")[-1])
@@ -28,8 +34,16 @@ def test_the_readme_demo_reaches_95_percent_and_writes_its_plot_and_history(tmp_
         history = list(csv.DictReader(file))
     assert len(history) == 12
     assert {f"loss/replica_{k}" for k in range(4)} <= set(history[0])
-    # The progress bar shows every replica's loss.
-    assert "loss/replica_3" in result.stdout
+    # The console: no TensorFlow log line; the bar shows the spread and fits 160 columns.
+    output = result.stdout + result.stderr
+    assert not [line for line in output.splitlines() if TF_LOG_LINE.match(line)]
+    lines = progress_lines(result.stdout)
+    assert lines[-1].startswith("22/22 ") and "loss/min:" in lines[-1]
+    assert not [line for line in lines if "loss/replica_" in line]
+    assert max(len(line) for line in lines) <= 160
+    assert "ran out of data" not in output
+    assert re.fullmatch(r"[\d.]+ steps/s of 64 examples, [\d,]+ examples/s per replica",
+                        summary["Throughput"])
 
 
 def test_demo_without_sync_bn_on_two_replicas(tmp_path):

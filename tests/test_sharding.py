@@ -1,10 +1,12 @@
 """sk.shard: hand-written expected shards, every example once, fit() equals one device."""
 
+import warnings
+
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import bn_regressor, cpu_devices
+from conftest import bn_regressor, cpu_devices, progress_lines
 
 import strategykit as sk
 from strategykit.batching import spread_indices
@@ -350,3 +352,47 @@ def test_augmentation_seeds_differ_per_replica_and_repeat_with_the_seed(make_str
     assert first != second  # new randomness each epoch
     assert epochs(5)[0] == first  # reproducible from the seed
     assert epochs(6)[0] != first
+
+
+# Sizes and global batches of the tests above: a final batch of 2 (of 4 or 8), one
+# smaller than the replicas, a single example, exact multiples.
+STEP_CASES = [(10, 4), (1, 8), (3, 8), (10, 8), (14, 8), (16, 8), (18, 8), (50, 16)]
+
+
+@pytest.mark.parametrize("source", ["numpy", "tf.data", "fn"])
+@pytest.mark.parametrize("replicas", [1, 2, 4])
+@pytest.mark.parametrize("remainder", ["pad", "split", "drop"])
+def test_keras_is_told_the_number_of_steps(make_strategy, source, replicas, remainder):
+    # Keras reads `cardinality` as the number of steps (its progress bar's N/N); when it
+    # is unknown or wrong, Keras warns "Your input ran out of data" at every end.
+    strategy = make_strategy(replicas)
+    for size, batch in STEP_CASES:
+        if remainder == "drop" and size < batch:
+            continue
+        ids = np.arange(size)
+        data = {"numpy": (ids, ids), "tf.data": tf.data.Dataset.from_tensor_slices((ids, ids)),
+                "fn": lambda context, ids=ids: tf.data.Dataset.from_tensor_slices((ids, ids))}
+        ds = sk.shard(data[source], strategy, global_batch_size=batch,
+                      drop_remainder=remainder == "drop", pad_remainder=remainder == "pad")
+        steps = len(sk.replica_batches(ds, strategy))
+        assert int(ds.cardinality) == steps, (size, batch)
+
+
+def test_evaluate_predict_and_fit_run_every_step_without_warnings(make_strategy, capsys):
+    strategy = make_strategy(4)
+    x = np.random.default_rng(0).normal(size=(50, 3)).astype("float32")  # 3 x 16 + 2
+    with strategy.scope():
+        model = bn_regressor()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.evaluate(sk.shard((x, x.sum(1)), strategy, global_batch_size=16,
+                                pad_remainder=False))
+        model.predict(sk.shard(x, strategy, global_batch_size=16, pad_remainder=False))
+        for options in ({"pad_remainder": False}, {"drop_remainder": True}):
+            model.fit(sk.shard((x, x.sum(1)), strategy, global_batch_size=16, **options),
+                      shuffle=False)
+    assert not [str(w.message) for w in caught if "ran out of data" in str(w.message)]
+    finals = [line.split(" ")[0] for line in progress_lines(capsys.readouterr().out)]
+    # Every bar counts to 3, none "Unknown": split 50 = 16 + 16 + 18; dropped, 3 x 16.
+    assert {final.split("/")[1] for final in finals} == {"3"}
+    assert finals.count("3/3") >= 4

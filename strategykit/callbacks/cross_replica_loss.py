@@ -8,13 +8,14 @@ import keras
 import numpy as np
 
 from strategykit.callbacks import nan_guard, replica_drift
+from strategykit.callbacks.progress import ProgressDisplay, check_progress, shown_keys
 from strategykit.callbacks.step_hooks import StepHooks
 from strategykit.reduction import REDUCE_OPS, reduce_stacked
 
 DEFAULT_REDUCTIONS = ("mean", "min", "max", "std")
 
 
-class CrossReplicaLoss(keras.callbacks.Callback):
+class CrossReplicaLoss(keras.callbacks.ProgbarLogger):
     """Puts each replica's loss and their reductions into `logs`, and guards against NaN.
 
     Add it to `fit(callbacks=[...])`; the model and its code stay as they are. Keys, per
@@ -31,8 +32,14 @@ class CrossReplicaLoss(keras.callbacks.Callback):
     - `replica_drift` (epoch logs, several replicas): the largest difference between a
       replica's copy of any weight and replica 0's (unsynchronized batch norm drifts).
 
-    Callbacks listed after this one (and Keras's progress bar and `History`) see the
-    keys, so list it before `CSVLogger` and `TensorBoard`. During `fit()`/`evaluate()`
+    Callbacks listed after this one (and `History`) see the keys, so list it before
+    `CSVLogger`, `TensorBoard` and `LossPlot`.
+
+    Progress bar: it draws Keras's progress bar itself, showing only the keys
+    `progress` asks for (it is a `keras.callbacks.ProgbarLogger`, so Keras adds no
+    other; do not add one). By default, with more than 2 replicas, the bar shows the
+    spread, `loss/min` and `loss/max`, beside Keras's own `loss` and metrics, and keys
+    other callbacks add; every key stays in the logs. During `fit()`/`evaluate()`
     the model runs hooked copies of its step functions; afterwards its own are back,
     and the hooked ones are kept with the model, so the next `fit()` (with this callback
     or a new one) traces nothing again. Custom `train_step`s must compute their loss
@@ -58,18 +65,22 @@ class CrossReplicaLoss(keras.callbacks.Callback):
             replica's copy of each non-trainable weight (batch norm moving statistics)
             by the mean of the copies, so a saved model holds global statistics (see
             `replica_drift.average_moving_statistics`). Default False.
+        progress: which of its keys the progress bar shows: `"auto"` (default:
+            `"spread"` with more than 2 replicas, else `"all"`), `"all"`, `"spread"`
+            (`loss/min` and `loss/max`), `"none"`, or a list of keys such as
+            `("loss/mean", "loss/replica_0")` (validation keys follow their names).
 
     Attributes:
         nan_report: the message of the non-finite value found, or None.
         drift: the `replica_drift` of each epoch.
 
     Raises:
-        ValueError: unknown `reductions` or `on_nan`.
+        ValueError: unknown `reductions`, `on_nan` or `progress`.
         NonFiniteError: with `on_nan="raise"`, when a loss or weight is not finite.
 
     Example:
         >>> import strategykit as sk
-        >>> cb = sk.callbacks.CrossReplicaLoss(reductions=("mean", "max"))
+        >>> cb = sk.callbacks.CrossReplicaLoss(reductions=("mean", "max"), progress="all")
         >>> model.fit(dataset, epochs=2, callbacks=[cb])  # doctest: +SKIP
         >>> model.history.history["loss/replica_0"]  # doctest: +SKIP
     """
@@ -82,6 +93,7 @@ class CrossReplicaLoss(keras.callbacks.Callback):
         batch_logs: bool = True,
         on_nan: str = "stop",
         sync_moving_stats: bool = False,
+        progress="auto",
     ):
         super().__init__()
         if isinstance(reductions, str) or any(op not in REDUCE_OPS for op in reductions):
@@ -91,11 +103,14 @@ class CrossReplicaLoss(keras.callbacks.Callback):
                 "e.g. reductions=('mean', 'max')."
             )
         nan_guard.check_on_nan(on_nan)
+        check_progress(progress)
         self.reductions = tuple(reductions)
         self.per_replica = per_replica
         self.batch_logs = batch_logs
         self.on_nan = on_nan
         self.sync_moving_stats = sync_moving_stats
+        self.progress = progress if isinstance(progress, str) else tuple(progress)
+        self._display = ProgressDisplay()
         self.nan_report: str | None = None
         self.drift: list[float] = []
         self._hooks = None
@@ -103,6 +118,20 @@ class CrossReplicaLoss(keras.callbacks.Callback):
         self._in_fit = False
         self._epoch = 0
         self._validation = None
+
+    # Keras's progress bar, drawn by this callback (see `callbacks.progress`).
+
+    def set_model(self, model):
+        keras.callbacks.Callback.set_model(self, model)
+        self._display.set_model(model)
+
+    def set_params(self, params):
+        keras.callbacks.Callback.set_params(self, params)
+        self._display.set_params(params)
+
+    def _show_progress_for(self, model) -> None:
+        replicas = model.distribute_strategy.num_replicas_in_sync
+        self._display.shown = shown_keys(self.progress, replicas)
 
     # Training.
 
@@ -112,18 +141,26 @@ class CrossReplicaLoss(keras.callbacks.Callback):
         self._hooks.install(train=True, snapshot=self.on_nan == "stop")
         self._inspector = replica_drift.CopyInspector.of(self.model)
         self._in_fit = True
+        self._show_progress_for(self.model)
+        self._display.now("on_train_begin", logs=logs)
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch, self._validation = epoch, None
         self._hooks.train.reset()
+        self._display.now("on_epoch_begin", epoch, logs=logs)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._display.flush()
 
     def on_train_batch_end(self, batch, logs=None):
         values, counts = self._hooks.train.read()
         self._guard_loss(values, counts, batch)
         if self.batch_logs and logs is not None:
             logs.update(self.log_values(values, counts))
+        self._display.later("on_train_batch_end", batch, logs=logs)
 
     def on_epoch_end(self, epoch, logs=None):
+        self._display.later("on_epoch_end", epoch, logs=logs)
         if logs is None:
             return
         logs.update(self.log_values(*self._hooks.train.read()))
@@ -140,6 +177,7 @@ class CrossReplicaLoss(keras.callbacks.Callback):
     def on_train_end(self, logs=None):
         self._in_fit = False
         self._uninstall()
+        self._display.now("on_train_end", logs=logs)
 
     # Evaluation, inside fit() or on its own.
 
@@ -147,11 +185,17 @@ class CrossReplicaLoss(keras.callbacks.Callback):
         if not self._in_fit:
             self._hooks = StepHooks.of(self.model)
             self._hooks.install(train=False)
+            self._show_progress_for(self.model)
         self._hooks.test.reset()
+        self._display.now("on_test_begin", logs=logs)
+
+    def on_test_batch_begin(self, batch, logs=None):
+        self._display.flush()
 
     def on_test_batch_end(self, batch, logs=None):
         if self.batch_logs and logs is not None:
             logs.update(self.log_values(*self._hooks.test.read()))
+        self._display.later("on_test_batch_end", batch, logs=logs)
 
     def on_test_end(self, logs=None):
         self._validation = self._hooks.test.read()
@@ -159,6 +203,18 @@ class CrossReplicaLoss(keras.callbacks.Callback):
             logs.update(self.log_values(*self._validation))
         if not self._in_fit:
             self._uninstall()
+        self._display.now("on_test_end", logs=logs)
+
+    # Prediction: only the progress bar.
+
+    def on_predict_begin(self, logs=None):
+        self._display.now("on_predict_begin", logs=logs)
+
+    def on_predict_batch_end(self, batch, logs=None):
+        self._display.now("on_predict_batch_end", batch, logs=logs)
+
+    def on_predict_end(self, logs=None):
+        self._display.now("on_predict_end", logs=logs)
 
     # The values.
 
