@@ -22,7 +22,8 @@ sample weight to every example. The final partial batch is handled in one of thr
   exact: replicas of unequal size are averaged with equal weight.
 * **drop**: the final partial batch is dropped.
 
-Full batches always carry `sample_weight == 1` (times a weight the user passed).
+Full batches always carry `sample_weight == 1` (times a weight the user passed). The
+weights are one per example, shaped to broadcast over per-pixel losses (`weight_rank`).
 """
 
 from __future__ import annotations
@@ -82,9 +83,10 @@ def batch_for_replicas(
         if y is None:
             return _pad(x, pipeline_batch_size, replicas) if pad else x
         size = tf.shape(tf.nest.flatten(x)[0])[0]
-        weight = tf.ones([size], tf.float32)
+        rank = weight_rank(y, user_weight)
+        weight = tf.ones(tf.concat([[size], tf.ones([rank - 1], tf.int32)], 0), tf.float32)
         if user_weight is not None:
-            weight = tf.cast(user_weight, tf.float32) * weight
+            weight = _to_rank(tf.cast(user_weight, tf.float32), rank) * weight
         if not pad:
             return x, y, weight
         return _pad((x, y, weight), pipeline_batch_size, replicas, weighted=True)
@@ -100,6 +102,33 @@ def batch_for_replicas(
     steps = count_batches(size, pipeline_batch_size, replicas, remainder)
     return batches.apply(
         tf.data.experimental.assert_cardinality(steps * (replicas if per_replica else 1)))
+
+
+def weight_rank(y, user_weight=None) -> int:
+    """The rank of the sample weights `batch_for_replicas` gives batches of labels `y`.
+
+    Keras multiplies a sample weight into the per-element losses and lines the two up
+    only when their ranks differ by at most one. Labels of rank 3 or more (per-pixel
+    classes `(B, H, W)`, one-hot maps `(B, H, W, C)`) have losses of rank 3 or more, so
+    their weights are `(B, 1, 1[, 1])`, of the labels' rank: one per example, broadcast
+    over its pixels. Otherwise one weight per example, `(B,)`, as Keras expects. A
+    weight the user passed keeps its own rank when it is larger (per-pixel weights).
+    Labels that are a structure (several outputs) get `(B,)`.
+
+    Example:
+        >>> import tensorflow as tf
+        >>> weight_rank(tf.zeros([8, 16, 16])), weight_rank(tf.zeros([8, 10]))
+        (3, 1)
+    """
+    label_rank = y.shape.rank if isinstance(y, tf.Tensor) and y.shape.rank else 1
+    user_rank = user_weight.shape.rank if user_weight is not None else 1
+    return max(label_rank if label_rank >= 3 else 1, user_rank or 1)
+
+
+def _to_rank(weight, rank: int):
+    """`weight` with trailing axes of size 1 added up to `rank`."""
+    missing = rank - weight.shape.rank
+    return tf.reshape(weight, tf.concat([tf.shape(weight), tf.ones([missing], tf.int32)], 0))
 
 
 def count_batches(size: int, batch_size: int, replicas: int, remainder: str) -> int:
@@ -175,6 +204,7 @@ def _pad(element, batch_size: int, replicas: int, *, weighted: bool = False):
             return out
         x, y, weight = out
         scale = tf.cast(batch_size, tf.float32) / tf.cast(size, tf.float32)
+        real = _to_rank(real, weight.shape.rank)  # one flag per example, over its pixels
         return x, y, tf.where(real, weight * scale, tf.zeros_like(weight))
 
     full = tf.cond(size < batch_size, padded, lambda: element)

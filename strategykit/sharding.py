@@ -277,7 +277,8 @@ def replica_batches(ds, strategy: tf.distribute.Strategy, steps: int | None = No
 def _real_values(values, weights, padding):
     values = np.asarray(values)
     if weights is not None and not padding:
-        values = values[np.asarray(weights) > 0]
+        weights = np.asarray(weights)  # (B,), or (B, 1, 1) for label maps
+        values = values[np.any(weights > 0, axis=tuple(range(1, weights.ndim)))]
     return values.tolist()
 
 

@@ -169,6 +169,44 @@ def test_fit_equals_one_device(make_strategy, replicas, size):
         assert gap > 1e-4
 
 
+def _pixel_classifier(loss, seed=0):
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([keras.Input((4, 4, 2)), keras.layers.Conv2D(3, 1)])
+    model.compile(keras.optimizers.SGD(0.5), loss)
+    return model
+
+
+@pytest.mark.parametrize("replicas", [2, 4])
+@pytest.mark.parametrize("labels", ["sparse", "one_hot", "pixel_weights"])
+def test_per_pixel_losses_fit_equal_one_device(make_strategy, replicas, labels):
+    # 4 x 4 label maps, 4 examples per replica: a weight of shape (4,) would silently
+    # weigh the 4 columns of every map instead of the examples. The final global batch
+    # holds 3 real examples, padded with copies of weight 0.
+    rng = np.random.default_rng(replicas)
+    size = 4 * replicas * 3 + 3
+    x = rng.normal(size=(size, 4, 4, 2)).astype("float32")
+    y = rng.integers(0, 3, size=(size, 4, 4))
+    data = (x, y)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    if labels == "one_hot":
+        data = (x, np.eye(3, dtype="float32")[y])
+        loss = keras.losses.CategoricalCrossentropy(from_logits=True)
+    if labels == "pixel_weights":
+        data = (x, y, rng.uniform(0.5, 2.0, size=(size, 4, 4)).astype("float32"))
+    single = _pixel_classifier(loss)
+    single.fit(*data[:2], sample_weight=data[2] if len(data) == 3 else None,
+               batch_size=4 * replicas, epochs=2, shuffle=False, verbose=0)
+
+    strategy = make_strategy(replicas)
+    with strategy.scope():
+        distributed = _pixel_classifier(loss)
+    ds = sk.shard(data, strategy, global_batch_size=4 * replicas)
+    distributed.fit(ds, epochs=2, shuffle=False, verbose=0)
+    for a, b in zip(single.get_weights(), distributed.get_weights()):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    assert sum(len(batch) for step in sk.replica_batches(ds, strategy) for batch in step) == size
+
+
 def test_padding_keeps_batch_norm_finite_where_an_empty_replica_turns_it_nan(make_strategy):
     strategy = make_strategy(4)
     x = np.random.default_rng(0).normal(size=(18, 3)).astype("float32")  # final batch: 2
