@@ -28,7 +28,8 @@ def fit_output(capsys, replicas, callbacks, **fit_options):
     with strategy.scope():
         model = regressor()
     capsys.readouterr()
-    history = model.fit(train, epochs=2, verbose=1, callbacks=callbacks, **fit_options)
+    history = model.fit(train, epochs=2, verbose=1, shuffle=False, callbacks=callbacks,
+                        **fit_options)
     return capsys.readouterr().out, history, model
 
 
@@ -114,7 +115,8 @@ def test_verbose_zero_prints_nothing(capsys):
     with strategy.scope():
         model = regressor()
     capsys.readouterr()
-    model.fit(train, epochs=1, verbose=0, callbacks=[sk.callbacks.CrossReplicaLoss()])
+    model.fit(train, epochs=1, verbose=0, shuffle=False,
+              callbacks=[sk.callbacks.CrossReplicaLoss()])
     assert capsys.readouterr().out == ""
 
 
@@ -128,7 +130,7 @@ def test_eight_replicas_fit_a_terminal(run_python):
             model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
             model.compile("sgd", "mse", metrics=["mae"])
         model.fit(sk.shard((x, x.sum(1)), strategy, global_batch_size=16), epochs=1,
-                  callbacks=[sk.callbacks.CrossReplicaLoss()])
+                  shuffle=False, callbacks=[sk.callbacks.CrossReplicaLoss()])
         print("KEYS", sorted(model.history.history))
     """)
     lines = progress_lines(result.stdout)
