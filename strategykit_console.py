@@ -36,7 +36,6 @@ TF_LOG_LINE = re.compile(
 """A line of TensorFlow's C++ log (or absl's notice before its logging starts)."""
 
 
-
 def main(argv: list[str] | None = None) -> int:
     """Runs the `strategykit` command, quieted unless `--verbose` or the user's own
     `TF_CPP_MIN_LOG_LEVEL` asks otherwise; returns the exit code."""
