@@ -84,7 +84,7 @@ def batch_for_replicas(
             return _pad(x, pipeline_batch_size, replicas) if pad else x
         size = tf.shape(tf.nest.flatten(x)[0])[0]
         rank = weight_rank(y, user_weight)
-        weight = tf.ones(tf.concat([[size], tf.ones([rank - 1], tf.int32)], 0), tf.float32)
+        weight = _to_rank(tf.ones([size], tf.float32), rank)
         if user_weight is not None:
             weight = _to_rank(tf.cast(user_weight, tf.float32), rank) * weight
         if not pad:

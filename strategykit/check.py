@@ -235,10 +235,9 @@ def _check_optimizer(optimizer, accumulation: int) -> None:
     if optimizer.gradient_accumulation_steps:
         raise ValueError(
             f"model_fn's optimizer already accumulates gradients (gradient_accumulation_"
-            f"steps={optimizer.gradient_accumulation_steps}), so the 1-device reference "
-            f"would too. Received: gradient_accumulation_steps={accumulation}. Build the "
-            "optimizer without gradient_accumulation_steps; sk.check sets it on the "
-            "distributed run only."
+            f"steps={optimizer.gradient_accumulation_steps}), and sk.check sets its own "
+            f"on both runs. Received: gradient_accumulation_steps={accumulation}. Build the "
+            "optimizer without gradient_accumulation_steps and pass it to sk.check."
         )
 
 

@@ -167,16 +167,15 @@ def shard(
         replicas=strategy.num_replicas_in_sync, augment=augment,
     )
     if callable(data):
-        distributed = strategy.distribute_datasets_from_function(
-            lambda context: pipeline(source(context), context=context))
+        distributed = _per_pipeline(
+            strategy, lambda context: pipeline(source(context), context=context))
     elif remainder == "split":
         # Uneven per-replica batches need per-replica pipelines: cut by `split_evenly`.
-        distributed = strategy.distribute_datasets_from_function(
+        distributed = _per_pipeline(
+            strategy,
             lambda context: pipeline(*_own_part(source(None), size, context), context=context))
     else:
         distributed = strategy.experimental_distribute_dataset(pipeline(source(None)))
-    if callable(data) or remainder == "split":  # made by distribute_datasets_from_function
-        count_steps_not_batches(distributed, strategy)
     _WEIGHTED[distributed] = True
     return distributed
 
@@ -208,6 +207,13 @@ def make_pipeline(examples, size=None, context=None, *, global_batch_size, remai
         per_replica=context is not None, size=size,
     )
     return batches.prefetch(tf.data.AUTOTUNE).with_options(options)
+
+
+def _per_pipeline(strategy, dataset_fn) -> tf.distribute.DistributedDataset:
+    """`distribute_datasets_from_function(dataset_fn)`, its step count as Keras reads it."""
+    distributed = strategy.distribute_datasets_from_function(dataset_fn)
+    count_steps_not_batches(distributed, strategy)
+    return distributed
 
 
 def _known_size(examples: tf.data.Dataset) -> int | None:
@@ -288,4 +294,3 @@ def _check_strategy(strategy):
             f"strategy must be a tf.distribute.Strategy. Received: {type(strategy).__name__}. "
             "Build one with sk.mirrored() or sk.from_env()."
         )
-

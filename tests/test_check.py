@@ -309,8 +309,9 @@ def test_too_little_data_for_the_accumulated_steps_is_an_error():
 def test_an_optimizer_that_already_accumulates_is_an_error():
     optimizer_fn = lambda: keras.optimizers.SGD(0.1, gradient_accumulation_steps=2)  # noqa: E731
     with pytest.raises(ValueError, match=r"model_fn's optimizer already accumulates gradients "
-                       r"\(gradient_accumulation_steps=2\), so the 1-device reference would "
-                       r"too\. Received: gradient_accumulation_steps=3\. Build the optimizer"):
+                       r"\(gradient_accumulation_steps=2\), and sk.check sets its own on both "
+                       r"runs\. Received: gradient_accumulation_steps=3\. Build the optimizer "
+                       r"without gradient_accumulation_steps and pass it to sk\.check\."):
         sk.check(accumulation_model_fn(optimizer_fn), data(), replicas=2, steps=1,
                  gradient_accumulation_steps=3)
 

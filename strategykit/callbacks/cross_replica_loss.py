@@ -129,8 +129,8 @@ class CrossReplicaLoss(keras.callbacks.ProgbarLogger):
         keras.callbacks.Callback.set_params(self, params)
         self._display.set_params(params)
 
-    def _show_progress_for(self, model) -> None:
-        replicas = model.distribute_strategy.num_replicas_in_sync
+    def _show_progress(self) -> None:
+        replicas = self.model.distribute_strategy.num_replicas_in_sync
         self._display.shown = shown_keys(self.progress, replicas)
 
     # Training.
@@ -141,7 +141,7 @@ class CrossReplicaLoss(keras.callbacks.ProgbarLogger):
         self._hooks.install(train=True, snapshot=self.on_nan == "stop")
         self._inspector = replica_drift.CopyInspector.of(self.model)
         self._in_fit = True
-        self._show_progress_for(self.model)
+        self._show_progress()
         self._display.now("on_train_begin", logs=logs)
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -185,7 +185,7 @@ class CrossReplicaLoss(keras.callbacks.ProgbarLogger):
         if not self._in_fit:
             self._hooks = StepHooks.of(self.model)
             self._hooks.install(train=False)
-            self._show_progress_for(self.model)
+            self._show_progress()
         self._hooks.test.reset()
         self._display.now("on_test_begin", logs=logs)
 
