@@ -34,7 +34,7 @@ def _model(strategy, variant: str):
 
     from strategykit import upstream
 
-    upstream._REDUCE_EVERY_MICRO_STEP = variant == "k4_every_step"
+    upstream.accumulation._REDUCE_EVERY_MICRO_STEP = variant == "k4_every_step"
     with strategy.scope():
         model = workloads.conv_net()
         steps = None if variant == "k1" else K

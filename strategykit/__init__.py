@@ -11,6 +11,7 @@ __version__ = "0.1.0"
 
 from strategykit import callbacks
 from strategykit.check import CheckReport, check
+from strategykit.cluster import is_chief
 from strategykit.convert import convert_sync_batchnorm
 from strategykit.describe import describe
 from strategykit.learning_rate import scale_learning_rate
@@ -29,6 +30,7 @@ __all__ = [
     "convert_sync_batchnorm",
     "describe",
     "from_env",
+    "is_chief",
     "mirrored",
     "per_replica_batch_size",
     "reduce",

@@ -20,6 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from strategykit.batching import batch_for_replicas, split_labels
+from strategykit.cluster import is_multi_worker
 from strategykit.sources import check_size, examples_source
 from strategykit.upstream import count_steps_not_batches
 
@@ -122,7 +123,8 @@ def shard(
         strategy: the `tf.distribute.Strategy`.
         global_batch_size: examples per step over all replicas; a multiple of them.
         shuffle: reshuffle the examples every epoch. Default False.
-        seed: shuffle seed; the same seed gives the same orders. Default None (random).
+        seed: shuffle seed; the same seed gives the same orders. Default None (random);
+            required with `shuffle=True` across several workers (one seed for all).
         drop_remainder: drop the final partial batch. Default False.
         pad_remainder: pad the final partial batch (above) rather than split it
             unevenly. Default True; False for evaluation.
@@ -139,7 +141,8 @@ def shard(
 
     Raises:
         ValueError: a batch size that does not divide over the replicas, data that is
-            already batched, of unequal lengths, empty, or of an unsupported type.
+            already batched, of unequal lengths, empty, or of an unsupported type, or
+            `shuffle=True` without a seed across several workers.
 
     Example:
         >>> import numpy as np, strategykit as sk
@@ -154,6 +157,13 @@ def shard(
     source, size = examples_source(data)
     if size is not None:
         check_size(size, global_batch_size, remainder)
+    if shuffle and seed is None and not callable(data) and is_multi_worker(strategy):
+        raise ValueError(
+            "shuffle=True across several workers needs a seed: every worker reads the "
+            "same examples and keeps its replicas' slices, so all must shuffle them into "
+            "the same order. Received: seed=None. Pass seed=<an int>, the same on every "
+            "worker (it still reshuffles every epoch)."
+        )
     if shuffle and shuffle_buffer is None and size is None:
         raise ValueError(
             "shuffle=True needs a shuffle buffer, and the size of this data is unknown. "
@@ -172,8 +182,8 @@ def shard(
     elif remainder == "split":
         # Uneven per-replica batches need per-replica pipelines: cut by `split_evenly`.
         distributed = _per_pipeline(
-            strategy,
-            lambda context: pipeline(*_own_part(source(None), size, context), context=context))
+            strategy, lambda context: pipeline(source(None), size, context=context,
+                                               every_replica=True))
     else:
         distributed = strategy.experimental_distribute_dataset(pipeline(source(None)))
     _WEIGHTED[distributed] = True
@@ -181,13 +191,16 @@ def shard(
 
 
 def make_pipeline(examples, size=None, context=None, *, global_batch_size, remainder,
-                  replicas=None, shuffle=False, seed=None, shuffle_buffer=None, augment=None):
+                  replicas=None, shuffle=False, seed=None, shuffle_buffer=None, augment=None,
+                  every_replica=False):
     """Shuffles and batches unbatched examples; used by `shard` and `shard_tfds`.
 
     With an input `context` (`distribute_datasets_from_function`) the result is this
     pipeline's per-replica batches, and tf.data's auto-sharding is off: the examples are
-    this pipeline's own. Without one (`experimental_distribute_dataset`) it is global
-    batches for `replicas` replicas, sharded by data (`DATA`) over several workers.
+    this pipeline's own, or, with `every_replica`, every example, of which the pipeline
+    keeps its own replicas' slices of each global batch (as one pipeline would give
+    them). Without a context (`experimental_distribute_dataset`) it is global batches for
+    `replicas` replicas, sharded by data (`DATA`) over several workers.
     """
     options = tf.data.Options()
     policy = tf.data.experimental.AutoShardPolicy
@@ -195,17 +208,21 @@ def make_pipeline(examples, size=None, context=None, *, global_batch_size, remai
     if shuffle:
         examples = examples.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
     if augment is not None:
-        examples = _augmented(examples, augment, seed, context)
+        examples = _augmented(examples, augment, seed, None if every_replica else context)
     if size is None:
         size = _known_size(examples)
     batch_size = global_batch_size
     if context is not None:
-        replicas = context.num_replicas_in_sync // context.num_input_pipelines
+        replicas = context.num_replicas_in_sync
+        if not every_replica:
+            replicas //= context.num_input_pipelines
         batch_size = context.get_per_replica_batch_size(global_batch_size) * replicas
     batches = batch_for_replicas(
         examples, pipeline_batch_size=batch_size, replicas=replicas, remainder=remainder,
         per_replica=context is not None, size=size,
     )
+    if every_replica:
+        batches = _own_replicas(batches, context)
     return batches.prefetch(tf.data.AUTOTUNE).with_options(options)
 
 
@@ -224,13 +241,17 @@ def _known_size(examples: tf.data.Dataset) -> int | None:
     return cardinality if cardinality >= 0 else None
 
 
-def _own_part(examples, size, context):
-    """This input pipeline's share of the examples (by data), and its size if known."""
-    count, index = context.num_input_pipelines, context.input_pipeline_id
-    if count == 1:
-        return examples, size
-    own = None if size is None else len(range(index, size, count))
-    return examples.shard(count, index), own
+def _own_replicas(batches: tf.data.Dataset, context) -> tf.data.Dataset:
+    """This pipeline's replicas' batches, of every replica's batches in replica order."""
+    pipelines, replicas = context.num_input_pipelines, context.num_replicas_in_sync
+    if pipelines == 1:
+        return batches
+    local, index = replicas // pipelines, context.input_pipeline_id
+    count = int(batches.cardinality())
+    own = batches.enumerate().filter(
+        lambda i, _: (i % replicas) // local == index).map(lambda _, batch: batch)
+    return own.apply(tf.data.experimental.assert_cardinality(count // pipelines)) if (
+        count >= 0) else own
 
 
 def _augmented(examples, augment, seed, context):

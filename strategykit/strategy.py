@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import itertools
-import json
-import os
 
 import tensorflow as tf
 
 from strategykit import devices as _devices
-from strategykit import upstream
+from strategykit import slurm, upstream
+from strategykit.tf_config import count_workers, read_tf_config
 
 CROSS_DEVICE_OPS = ("auto", "nccl", "hierarchical_copy", "reduce_to_one_device")
 """The valid string values of `cross_device_ops`."""
@@ -42,7 +41,7 @@ def mirrored(
 
     Strategies built here are independent of each other: building a 2-replica and then
     a 4-replica strategy in one process (a re-run notebook cell) works. Building one
-    installs strategykit's fixes of upstream gaps (`strategykit/upstream.py`; e.g.
+    installs strategykit's fixes of upstream gaps (`strategykit/upstream/`; e.g.
     Keras's `gradient_accumulation_steps` under a strategy), as `from_env()` does.
 
     Args:
@@ -87,10 +86,19 @@ def mirrored(
 
 
 def from_env(*, cross_device_ops: str | tf.distribute.CrossDeviceOps = "auto"):
-    """Builds the strategy the environment asks for.
+    """Builds the strategy the environment asks for: several workers, or one machine.
 
-    When `TF_CONFIG` names a cluster of more than one worker, this process is one worker
-    of a `tf.distribute.MultiWorkerMirroredStrategy`; otherwise it is `mirrored()`.
+    In order, the first that applies:
+
+    1. `TF_CONFIG`, when set (by you, by `strategykit launch` or by a Kubernetes
+       training operator): a cluster of more than one worker makes this process one
+       worker of a `tf.distribute.MultiWorkerMirroredStrategy`; one worker, `mirrored()`.
+       `TF_CONFIG` always wins over SLURM.
+    2. SLURM: in a task of a job step of several tasks (`srun -n 4 python train.py`),
+       one worker per task of a `MultiWorkerMirroredStrategy` over the step's nodes
+       (`strategykit.slurm.slurm_resolver()`; the tasks of a node listen on ports from
+       `STRATEGYKIT_PORT`, default 8888). A one-task step is one machine.
+    3. One machine: `mirrored()`, every local GPU or the CPU.
 
     Args:
         cross_device_ops: `"auto"` (default) or `"nccl"` across workers; on a single
@@ -100,80 +108,37 @@ def from_env(*, cross_device_ops: str | tf.distribute.CrossDeviceOps = "auto"):
         A `tf.distribute.MultiWorkerMirroredStrategy` or a `tf.distribute.MirroredStrategy`.
 
     Raises:
-        ValueError: `TF_CONFIG` is malformed; the message names the bad field.
+        ValueError: `TF_CONFIG` is malformed (the message names the bad field), a SLURM
+            variable or `STRATEGYKIT_PORT` is malformed, or `cross_device_ops` is neither
+            `"auto"` nor `"nccl"` across workers.
+        RuntimeError: under SLURM, the node list cannot be expanded (Slurm's `scontrol`
+            is missing or fails) or a task is on another node than expected.
 
     Example:
-        >>> import os, json, strategykit as sk
-        >>> os.environ["TF_CONFIG"] = json.dumps({
-        ...     "cluster": {"worker": ["host1:12345", "host2:12345"]},
-        ...     "task": {"type": "worker", "index": 0}})
-        >>> strategy = sk.from_env()  # doctest: +SKIP
+        >>> import strategykit as sk
+        >>> strategy = sk.from_env()  # no TF_CONFIG, not under srun: one machine
+        >>> strategy.num_replicas_in_sync  # doctest: +SKIP
+        1
+
+        On every worker, e.g. `srun -N 2 --ntasks-per-node=1 python train.py`, or with
+        `TF_CONFIG='{"cluster": {"worker": ["host1:12345", "host2:12345"]}, "task":
+        {"type": "worker", "index": 0}}'` on host1 (index 1 on host2), the same call
+        returns one worker of a `MultiWorkerMirroredStrategy`.
     """
     config = read_tf_config()
+    if not config and slurm.slurm_tasks() > 1:
+        options = _multi_worker_options(cross_device_ops)
+        resolver = slurm.slurm_resolver()
+        upstream.install()
+        return tf.distribute.MultiWorkerMirroredStrategy(
+            cluster_resolver=resolver, communication_options=options
+        )
     if count_workers(config) <= 1:
         return mirrored(cross_device_ops=cross_device_ops)
     upstream.install()
     return tf.distribute.MultiWorkerMirroredStrategy(
         communication_options=_multi_worker_options(cross_device_ops)
     )
-
-
-def read_tf_config(raw: str | None = None) -> dict:
-    """Reads and checks `TF_CONFIG` (or `raw`); `{}` when it is unset or empty.
-
-    Raises:
-        ValueError: bad JSON, no `cluster` or `task`, a task type not in the cluster, or
-            a task index out of range.
-    """
-    raw = os.environ.get("TF_CONFIG", "") if raw is None else raw
-    if not raw.strip():
-        return {}
-    try:
-        config = json.loads(raw)
-    except json.JSONDecodeError as error:
-        raise ValueError(
-            f"TF_CONFIG is not valid JSON ({error.msg} at character {error.pos}). Received: "
-            f"TF_CONFIG={raw!r}. Set it to e.g. "
-            '{"cluster": {"worker": ["host1:12345", "host2:12345"]}, '
-            '"task": {"type": "worker", "index": 0}}.'
-        ) from None
-    if not isinstance(config, dict):
-        raise ValueError(f"TF_CONFIG must be a JSON object. Received: TF_CONFIG={raw!r}.")
-    cluster = config.get("cluster")
-    if not cluster:
-        return config
-    if not isinstance(cluster, dict):
-        raise ValueError(
-            f"TF_CONFIG field 'cluster' must map task types to address lists. Received: "
-            f"cluster={cluster!r}."
-        )
-    task = config.get("task")
-    if not isinstance(task, dict) or "type" not in task or "index" not in task:
-        raise ValueError(
-            f"TF_CONFIG names a cluster but its field 'task' is missing or incomplete. "
-            f"Received: task={task!r}. Add "
-            '"task": {"type": "worker", "index": <this worker\'s position>}.'
-        )
-    task_type, index = task["type"], task["index"]
-    if task_type not in cluster:
-        raise ValueError(
-            f"TF_CONFIG field 'task.type' is not a task type of the cluster. Received: "
-            f"task.type={task_type!r}; the cluster has {sorted(cluster)}."
-        )
-    addresses = cluster[task_type]
-    if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(addresses):
-        raise ValueError(
-            f"TF_CONFIG field 'task.index' is out of range. Received: task.index={index!r}; "
-            f"the cluster has {len(addresses)} {task_type!r} task(s), so use 0 to "
-            f"{len(addresses) - 1}."
-        )
-    return config
-
-
-def count_workers(config: dict) -> int:
-    """Workers (chief included) that a checked TF_CONFIG dict names; 1 without a cluster."""
-    cluster = config.get("cluster") or {}
-    return max(1, len(cluster.get("chief", [])) + len(cluster.get("worker", [])))
 
 
 def _check_replicas(replicas) -> None:
@@ -232,7 +197,7 @@ def _multi_worker_options(choice) -> tf.distribute.experimental.CommunicationOpt
 
 
 def _build_mirrored(devices, cross_device_ops):
-    upstream.install()  # strategykit's fixes of Keras/TF gaps (see upstream.py)
+    upstream.install()  # strategykit's fixes of Keras/TF gaps (see strategykit/upstream/)
     strategy = tf.distribute.MirroredStrategy.__new__(tf.distribute.MirroredStrategy)
     strategy._collective_key_base = next(_strategies_built) * _COLLECTIVE_KEYS_PER_STRATEGY
     strategy.__init__(devices=devices, cross_device_ops=cross_device_ops)

@@ -6,13 +6,6 @@ micro-batches of N x B. The data is random, so every replica gets different exam
 and the tests fail when the cross-replica reduction is removed.
 """
 
-import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-
 import keras
 import numpy as np
 import pytest
@@ -20,6 +13,8 @@ import tensorflow as tf
 
 import strategykit as sk
 from strategykit import upstream
+
+from workers import run_workers
 
 K = 4  # micro-steps per update
 B = 2  # examples per replica and micro-step
@@ -204,9 +199,8 @@ def test_custom_loop(make_strategy):
 
 
 _WORKER = """
-import json, sys
+import json
 import tensorflow as tf
-sys.path.insert(0, {tests!r})
 import strategykit as sk
 from test_accumulation import B, K, _data, _regressor, train_in_custom_loop
 strategy = sk.from_env()
@@ -215,41 +209,19 @@ with strategy.scope():
 options = tf.data.Options()
 options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
 train_in_custom_loop(strategy, model, _data(2 * K * B * 3), 2 * B, options)
-print(json.dumps({{"strategy": type(strategy).__name__,
+print(json.dumps({"strategy": type(strategy).__name__,
                   "updates": int(model.optimizer.iterations),
-                  "weights": [w.tolist() for w in model.get_weights()]}}))
+                  "weights": [w.tolist() for w in model.get_weights()]}))
 """
 
 
 def test_custom_loop_across_two_worker_processes(tmp_path):
     # sk.from_env(): MultiWorkerMirroredStrategy, one replica per worker process.
-    sockets = [socket.socket() for _ in range(2)]
-    for s in sockets:
-        s.bind(("localhost", 0))
-    cluster = {"worker": [f"localhost:{s.getsockname()[1]}" for s in sockets]}
-    for s in sockets:
-        s.close()
-    script = tmp_path / "worker.py"
-    script.write_text(_WORKER.format(tests=os.path.dirname(__file__)))
-    workers = []
-    for index in range(2):
-        config = {"cluster": cluster, "task": {"type": "worker", "index": index}}
-        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "TF_CONFIG": json.dumps(config)}
-        workers.append(subprocess.Popen([sys.executable, str(script)], env=env, text=True,
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        start_new_session=True))
-    try:
-        outputs = [worker.communicate(timeout=180) for worker in workers]
-    finally:  # a collective whose peer died waits forever: never leave one behind
-        for worker in workers:
-            if worker.poll() is None:
-                os.killpg(worker.pid, signal.SIGKILL)
-    for worker, (_, err) in zip(workers, outputs):
-        assert worker.returncode == 0, err[-3000:]
+    finished = run_workers(_WORKER, 2, tmp_path=tmp_path, timeout=180)
     large_batch = _fit_one_device("adam", None, _data(2 * K * B * 3), batch_size=2 * K * B,
                                   epochs=2)
-    for out, _ in outputs:
-        report = json.loads(out.strip().splitlines()[-1])
+    for worker in finished:
+        report = worker.last_json()
         assert report["strategy"] == "CollectiveAllReduceStrategy"
         assert report["updates"] == 6
         difference = max(float(np.abs(np.array(w) - r).max())

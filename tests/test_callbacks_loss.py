@@ -12,10 +12,11 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import ZeroSubclassed
 
 import strategykit as sk
 from strategykit import callbacks
+
+from conftest import ZeroSubclassed
 
 
 class Recorder(keras.callbacks.Callback):

@@ -3,10 +3,11 @@
 import keras
 import numpy as np
 import pytest
-from conftest import cpu_devices, progress_lines
 
 import strategykit as sk
 from strategykit.callbacks.progress import shown_keys
+
+from conftest import cpu_devices, progress_lines
 
 
 def regressor():

@@ -10,9 +10,10 @@ import collections
 import keras
 import numpy as np
 import pytest
-from conftest import ZeroSubclassed
 
 from strategykit import callbacks
+
+from conftest import ZeroSubclassed
 
 traces = collections.Counter()
 

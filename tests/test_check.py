@@ -4,9 +4,10 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import bn_regressor, cpu_devices
 
 import strategykit as sk
+
+from conftest import bn_regressor, cpu_devices
 
 
 def dense_model():

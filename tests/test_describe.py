@@ -1,7 +1,8 @@
 import tensorflow as tf
-from conftest import cpu_devices
 
 import strategykit as sk
+
+from conftest import cpu_devices
 
 
 def test_default_strategy_is_one_unsimulated_device_without_all_reduce():

@@ -6,11 +6,12 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import bn_regressor, cpu_devices, progress_lines
 
 import strategykit as sk
 from strategykit.batching import spread_indices
 from strategykit.sharding import make_pipeline
+
+from conftest import bn_regressor, cpu_devices, progress_lines
 
 IDS = np.arange(10)
 

@@ -8,10 +8,11 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import cpu_devices
 
 import strategykit as sk
 from strategykit import strategy as strategy_module
+
+from conftest import cpu_devices
 
 
 def replica_ids_summed(strategy) -> float:

@@ -21,7 +21,7 @@ def test_upstream_code_is_what_the_fix_was_checked_on(fix):
         f"Upstream code that the fix for {fix.issue} relies on has changed since "
         f"{fix.checked_on}: {sorted(changed)}. Check whether {fix.issue} is fixed upstream "
         "(then delete the fix), or re-check the fix against the new code and its tests, "
-        f"then update relies_on in strategykit/upstream.py to {changed}."
+        f"then update relies_on in strategykit/upstream/ to {changed}."
     )
 
 
@@ -81,4 +81,4 @@ def test_one_replica_per_worker_is_counted_right_and_left_alone(make_strategy):
 def test_the_step_count_relies_on_the_code_it_was_checked_on(name):
     assert upstream.fingerprint(name) == upstream.STEPS_RELIES_ON[name], (
         f"TensorFlow changed {name}: check count_steps_not_batches in "
-        "strategykit/upstream.py against it, then update STEPS_RELIES_ON.")
+        "strategykit/upstream/step_count.py against it, then update STEPS_RELIES_ON.")

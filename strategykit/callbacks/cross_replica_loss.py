@@ -10,6 +10,7 @@ import numpy as np
 from strategykit.callbacks import nan_guard, replica_drift
 from strategykit.callbacks.progress import ProgressDisplay, check_progress, shown_keys
 from strategykit.callbacks.step_hooks import StepHooks
+from strategykit.cluster import is_multi_worker
 from strategykit.reduction import REDUCE_OPS, reduce_stacked
 
 DEFAULT_REDUCTIONS = ("mean", "min", "max", "std")
@@ -233,8 +234,11 @@ class CrossReplicaLoss(keras.callbacks.ProgbarLogger):
     def _guard_loss(self, values, counts, batch):
         if self.on_nan == "ignore" or np.isfinite(values[counts > 0]).all():
             return
+        strategy = self.model.distribute_strategy
         message = nan_guard.loss_message(
-            np.where(counts > 0, values, 0.0), epoch=self._epoch, batch=batch
+            np.where(counts > 0, values, 0.0), epoch=self._epoch, batch=batch,
+            replicas_per_worker=(len(strategy.extended.worker_devices)
+                                 if is_multi_worker(strategy) else None),
         )
         if message is None:
             return

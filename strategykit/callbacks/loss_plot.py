@@ -8,6 +8,8 @@ import re
 
 import keras
 
+from strategykit.cluster import is_chief
+
 _REPLICA_KEY = re.compile(r"^(val_)?loss/replica_(\d+)$")
 
 
@@ -17,7 +19,8 @@ class LossPlot(keras.callbacks.Callback):
     Reads the `loss/replica_<k>` and `loss/mean` keys that `CrossReplicaLoss` puts into
     the logs (list `CrossReplicaLoss` first); without them it plots Keras's `loss`.
     Validation losses are drawn dashed. In Jupyter the plot updates in place in the cell
-    output; when `path` is given the PNG file is rewritten at every epoch end. It draws
+    output; when `path` is given the PNG file is rewritten at every epoch end (by the
+    chief only, when training runs on several workers: `sk.is_chief()`). It draws
     on its own matplotlib figure with the non-interactive Agg canvas, so it never opens a
     window, never blocks and leaves pyplot's state alone.
 
@@ -60,7 +63,7 @@ class LossPlot(keras.callbacks.Callback):
         if not self.history:
             return
         png = self.render()
-        if self.path is not None:
+        if self.path is not None and is_chief(self.model.distribute_strategy):
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.path.write_bytes(png)
         if self.show:

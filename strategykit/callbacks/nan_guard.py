@@ -31,12 +31,19 @@ def check_on_nan(on_nan: str) -> None:
         )
 
 
-def loss_message(values, *, epoch: int, batch: int, prefix: str = "") -> str | None:
-    """Names the replicas whose loss is not finite, or returns None when all are."""
+def loss_message(values, *, epoch: int, batch: int, prefix: str = "",
+                 replicas_per_worker: int | None = None) -> str | None:
+    """Names the replicas whose loss is not finite, or returns None when all are.
+
+    With `replicas_per_worker` (a job of several workers) each replica's worker is named
+    too: replica `k` runs on worker `k // replicas_per_worker`.
+    """
     bad = [k for k, value in enumerate(values) if not np.isfinite(value)]
     if not bad:
         return None
-    shown = ", ".join(f"replica {k} ({values[k]})" for k in bad)
+    where = (lambda k: f" on worker {k // replicas_per_worker}") if replicas_per_worker else (
+        lambda k: "")
+    shown = ", ".join(f"replica {k}{where(k)} ({values[k]})" for k in bad)
     return (
         f"Non-finite {prefix}loss on {shown} of {len(values)} at epoch {epoch}, batch "
         f"{batch}. Look at the data that replica received in that batch (each replica "

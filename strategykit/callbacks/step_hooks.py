@@ -74,7 +74,7 @@ class ReplicaAccumulator:
         zeros = tf.zeros([self.replicas], tf.float64)  # not one_hot * value: 0 * NaN is NaN
         updated = self.variable.assign_add(
             tf.stack([tf.where(mine, loss_sum, zeros), tf.where(mine, examples, zeros)]))
-        # Shape [1, 2, replicas]: Keras averages over replicas (axis 0 across workers).
+        # Shape [1, 2, replicas]: Keras averages it element-wise over every replica.
         return tf.expand_dims(tf.convert_to_tensor(updated) * self.replicas, 0)
 
     def reset(self) -> None:

@@ -1,141 +1,15 @@
-"""Fixes for gaps in Keras 3 and TensorFlow, all in this one module.
-
-Each fix is a `Fix`: the upstream issue it closes, the versions it was checked on, the
-private upstream code it relies on (with a fingerprint of that code, which
-tests/test_upstream.py compares, so a Keras or TensorFlow upgrade that changes it fails
-CI rather than users), and the one class attribute it replaces. A fix is installed once
-(installing again does nothing) and applies only in the situation it fixes; everywhere
-else the replaced method hands over to the original. Nothing else in strategykit touches
-private Keras or TensorFlow code.
-
-`install()` installs every fix. `sk.mirrored()` and `sk.from_env()` call it when they
-build a strategy, so the fixes are active under every strategy strategykit builds;
-importing strategykit alone changes nothing in Keras. A fix that must replace several
-attributes is several `Fix` entries naming the same issue.
-
-Fixes (see each one's comment below):
-
-* keras-team/keras#20582: `gradient_accumulation_steps` of any Keras optimizer under a
-  `tf.distribute` strategy, in `fit()` and in custom loops.
-* TensorFlow's step count of `distribute_datasets_from_function` datasets: not a `Fix`
-  but `count_steps_not_batches`, which `sk.shard` applies to the datasets it makes.
-
-Example:
-    >>> import keras, strategykit as sk
-    >>> strategy = sk.mirrored(replicas=2)  # doctest: +SKIP
-    >>> with strategy.scope():  # doctest: +SKIP
-    ...     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
-    ...     model.compile(keras.optimizers.Adam(gradient_accumulation_steps=4), "mse")
-    >>> [fix.issue for fix in sk.upstream.FIXES]
-    ['keras-team/keras#20582']
-"""
+"""keras-team/keras#20582: `gradient_accumulation_steps` under a `tf.distribute` strategy."""
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import importlib
-import inspect
-import weakref
-
 import tensorflow as tf
 
-CHECKED_ON = "TensorFlow 2.21.0, Keras 3.15.1"
+from strategykit.upstream.fix import CHECKED_ON, Fix, original, resolve
 
 # Every micro-step all-reduces its gradients (True), or each replica accumulates its own
 # and the sums are all-reduced once per update (False, the default; see the fix below).
 # The other way is kept for benchmarks/accumulation.py, which measures both.
 _REDUCE_EVERY_MICRO_STEP = False
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class Fix:
-    """One upstream fix: `owner.attribute` replaced by `replacement`.
-
-    Attributes:
-        issue: the upstream issue, e.g. `"keras-team/keras#20582"`.
-        checked_on: the versions the fix and its fingerprints were checked on.
-        owner: `"module:Class"` whose attribute is replaced.
-        attribute: the name of the replaced attribute.
-        replacement: the new attribute; it calls `original(owner_class, attribute)`
-            where the fix does not apply.
-        relies_on: `{"module:Class.attribute": fingerprint}` of the private upstream code
-            the fix reads or calls; `fingerprint(name)` must still give these values.
-    """
-
-    issue: str
-    checked_on: str
-    owner: str
-    attribute: str
-    replacement: object
-    relies_on: dict
-
-    def owner_class(self) -> type:
-        return resolve(self.owner)
-
-    def installed(self) -> bool:
-        return self.owner_class().__dict__.get(self.attribute) is self.replacement
-
-    def install(self) -> None:
-        owner = self.owner_class()
-        if not self.installed():
-            _ORIGINALS.setdefault((owner, self.attribute), owner.__dict__.get(self.attribute))
-            setattr(owner, self.attribute, self.replacement)
-
-    def uninstall(self) -> None:
-        owner = self.owner_class()
-        if not self.installed():
-            return
-        original = _ORIGINALS.pop((owner, self.attribute))
-        if original is None:
-            delattr(owner, self.attribute)
-        else:
-            setattr(owner, self.attribute, original)
-
-
-_ORIGINALS: dict = {}
-
-
-def resolve(name: str):
-    """The object `"package.module:Class.attribute"` names (attribute path optional)."""
-    module, _, path = name.partition(":")
-    target = importlib.import_module(module)
-    for part in filter(None, path.split(".")):
-        target = inspect.getattr_static(target, part) if inspect.isclass(target) else getattr(
-            target, part)
-    return target.fget if isinstance(target, property) else target
-
-
-def fingerprint(name: str) -> str:
-    """The first 16 hex digits of the SHA-256 of the source code `name` resolves to."""
-    return hashlib.sha256(inspect.getsource(resolve(name)).encode()).hexdigest()[:16]
-
-
-def original(owner: type, attribute: str):
-    """The attribute `owner` inherits or had before a fix replaced it (for the fixes)."""
-    if (owner, attribute) in _ORIGINALS and _ORIGINALS[(owner, attribute)] is not None:
-        return _ORIGINALS[(owner, attribute)]
-    return getattr(super(owner, owner), attribute)
-
-
-def install() -> None:
-    """Installs every fix; idempotent. `sk.mirrored()` and `sk.from_env()` call it.
-
-    Example:
-        >>> from strategykit import upstream
-        >>> upstream.install()
-        >>> all(fix.installed() for fix in upstream.FIXES)
-        True
-    """
-    for fix in FIXES:
-        fix.install()
-
-
-def uninstall() -> None:
-    """Removes every fix, restoring Keras and TensorFlow as they were (for tests)."""
-    for fix in FIXES:
-        fix.uninstall()
-
 
 # -- keras-team/keras#20582: gradient_accumulation_steps under a tf.distribute strategy --
 #
@@ -274,35 +148,3 @@ FIXES = (
         },
     ),
 )
-
-
-# -- TensorFlow: `distribute_datasets_from_function` counts batches, not steps --
-#
-# `DistributedDatasetsFromFunction.cardinality` counts the first input pipeline's
-# per-replica batches, one per replica of the worker and step; Keras reads it as steps
-# (`TFDatasetAdapter.num_batches`), so with R local replicas its bar counts to R x steps
-# and every epoch ends with "Your input ran out of data". There is no public way to state
-# the steps: `count_steps_not_batches` sets the private attribute the property returns,
-# on `sk.shard`'s datasets only, with R > 1 and a known count, once per dataset. No
-# upstream issue found; checked on TensorFlow 2.21.0; tests/test_upstream.py fails when
-# the property changes or TensorFlow counts steps itself.
-STEPS_RELIES_ON = {
-    "tensorflow.python.distribute.input_lib:DistributedDatasetsFromFunction.cardinality":
-        "4fc1797ea35ad1b2",
-}
-_COUNTED = weakref.WeakSet()
-
-
-def count_steps_not_batches(distributed, strategy: tf.distribute.Strategy) -> None:
-    """Makes `distributed.cardinality` the number of steps, as Keras reads it.
-
-    Args:
-        distributed: a dataset made by `strategy.distribute_datasets_from_function`
-            whose pipelines yield one per-replica batch per replica and step.
-        strategy: its strategy.
-    """
-    local_replicas = len(strategy.extended.worker_devices)
-    batches = int(distributed.cardinality)
-    if local_replicas > 1 and batches >= 0 and distributed not in _COUNTED:
-        distributed._cardinality = batches // local_replicas
-        _COUNTED.add(distributed)

@@ -1,0 +1,65 @@
+"""Fixes for gaps in Keras 3 and TensorFlow, all in this one package.
+
+Each fix is a `Fix` (`fix.py`): the upstream issue it closes, the versions it was checked
+on, the private upstream code it relies on (with a fingerprint of that code, which
+tests/test_upstream.py compares, so a Keras or TensorFlow upgrade that changes it fails
+CI rather than users), and the one attribute it replaces. A fix is installed once
+(installing again does nothing) and applies only in the situation it fixes; everywhere
+else the replaced code hands over to the original. Nothing else in strategykit touches
+private Keras or TensorFlow code.
+
+`install()` installs every fix. `sk.mirrored()` and `sk.from_env()` call it when they
+build a strategy, so the fixes are active under every strategy strategykit builds;
+importing strategykit alone changes nothing in Keras. A fix that must replace several
+attributes is several `Fix` entries naming the same issue.
+
+Fixes, one module each:
+
+* `accumulation`, keras-team/keras#20582: `gradient_accumulation_steps` of any Keras
+  optimizer under a `tf.distribute` strategy, in `fit()` and in custom loops.
+* `multi_worker`, keras-team/keras#20585: `fit()`, `evaluate()` and `predict()` under a
+  `MultiWorkerMirroredStrategy` of several workers.
+* `worker_files`, keras-team/keras#20585: Keras's file-writing callbacks
+  (`ModelCheckpoint`, `CSVLogger`, `TensorBoard`) write only on the chief.
+* `step_count`: TensorFlow's step count of `distribute_datasets_from_function`
+  datasets; not a `Fix` but `count_steps_not_batches`, which `sk.shard` applies to the
+  datasets it makes.
+
+Example:
+    >>> import keras, strategykit as sk
+    >>> strategy = sk.mirrored(replicas=2)  # doctest: +SKIP
+    >>> with strategy.scope():  # doctest: +SKIP
+    ...     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    ...     model.compile(keras.optimizers.Adam(gradient_accumulation_steps=4), "mse")
+    >>> sorted({fix.issue for fix in sk.upstream.FIXES})
+    ['keras-team/keras#20582', 'keras-team/keras#20585']
+"""
+
+from strategykit.upstream import accumulation, multi_worker, worker_files
+from strategykit.upstream.fix import CHECKED_ON, Fix, fingerprint, original, resolve
+from strategykit.upstream.step_count import STEPS_RELIES_ON, count_steps_not_batches
+
+FIXES = (*accumulation.FIXES, *multi_worker.FIXES, *worker_files.FIXES)
+"""Every fix, in the order `install()` installs them."""
+
+__all__ = ["CHECKED_ON", "FIXES", "STEPS_RELIES_ON", "Fix", "count_steps_not_batches",
+           "fingerprint", "install", "original", "resolve", "uninstall"]
+
+
+def install() -> None:
+    """Installs every fix; idempotent. `sk.mirrored()` and `sk.from_env()` call it.
+
+    Example:
+        >>> from strategykit import upstream
+        >>> upstream.install()
+        >>> all(fix.installed() for fix in upstream.FIXES)
+        True
+    """
+    for fix in FIXES:
+        fix.install()
+
+
+def uninstall() -> None:
+    """Removes every fix, restoring Keras and TensorFlow as they were (for tests)."""
+    for fix in FIXES:
+        fix.uninstall()

@@ -1,0 +1,81 @@
+"""keras-team/keras#20585: Keras 3 `fit()`, `evaluate()`, `predict()` across workers.
+
+Under `tf.distribute.MultiWorkerMirroredStrategy` with several workers, Keras 3 (on
+TensorFlow 2.16 and later) fails in two places; both fixes act only there, and hand over
+to Keras's own code under every other strategy and on a single worker:
+
+* `TensorFlowTrainer._maybe_symbolic_build` builds the model from the first input batch,
+  which it reduces over the replicas with `strategy.reduce("MEAN", batch, axis=None)`,
+  to get one batch of the per-replica shapes. Across workers that eager reduce raises
+  `Attempt to convert a value (PerReplica...) to a Tensor`. The fix builds from this
+  worker's first replica's batch instead: the same shapes and dtypes, no collective.
+* `reduce_per_replica(logs, strategy, "auto")`, which reduces the step's logs (metric
+  results: scalars), calls `strategy.reduce("MEAN", v, axis=0)` across workers, which
+  fails with `Invalid reduction dimension 0 for input with 0 dimensions`. On one worker
+  Keras takes the element-wise mean over the replicas (`tf.reduce_mean(values,
+  axis=0)` of the stacked replicas' values); across workers that is
+  `strategy.reduce("MEAN", v, axis=None)`, which the fix calls.
+
+Keras's other reductions across workers (`"concat"` for `predict()`, `"sum"`) work and
+are left as they are.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from strategykit.cluster import is_multi_worker
+from strategykit.upstream.fix import CHECKED_ON, Fix, original, resolve
+
+_TRAINER_MODULE = "keras.src.backend.tensorflow.trainer"
+_TRAINER = f"{_TRAINER_MODULE}:TensorFlowTrainer"
+
+
+def _build_from_first_replica(self, iterator=None, data_batch=None):
+    strategy = self._distribute_strategy
+    if iterator is not None and strategy is not None and is_multi_worker(strategy):
+        for _, _, batches in iterator:  # as upstream: the first batch of the first epoch
+            batch = next(batches)
+            break
+        data_batch = tf.nest.map_structure(
+            lambda value: strategy.experimental_local_results(value)[0], batch)
+        iterator = None
+    return original(resolve(_TRAINER), "_maybe_symbolic_build")(
+        self, iterator=iterator, data_batch=data_batch)
+
+
+def _reduce_logs_across_workers(values, strategy, reduction):
+    if reduction in ("auto", "mean") and is_multi_worker(strategy):
+        return tf.nest.map_structure(
+            lambda value: strategy.reduce(tf.distribute.ReduceOp.MEAN, value, axis=None),
+            values)
+    return original(resolve(_TRAINER_MODULE), "reduce_per_replica")(values, strategy, reduction)
+
+
+FIXES = (
+    Fix(
+        issue="keras-team/keras#20585",
+        checked_on=CHECKED_ON,
+        owner=_TRAINER,
+        attribute="_maybe_symbolic_build",
+        replacement=_build_from_first_replica,
+        relies_on={  # replaced; takes the first batch of the epoch iterator
+            f"{_TRAINER}._maybe_symbolic_build": "92a504f5eba9b29f",
+        },
+    ),
+    Fix(
+        issue="keras-team/keras#20585",
+        checked_on=CHECKED_ON,
+        owner=_TRAINER_MODULE,
+        attribute="reduce_per_replica",
+        replacement=_reduce_logs_across_workers,
+        relies_on={
+            # replaced; "auto" means "mean" outside TPUs
+            f"{_TRAINER_MODULE}:reduce_per_replica": "2e7d54b1e6edc29a",
+            # reduces the train and test steps' logs with "auto"
+            f"{_TRAINER}._make_function": "bb33b7a0da3d2740",
+            # predict()'s "concat" across workers: works, left as it is
+            f"{_TRAINER_MODULE}:_multi_worker_concat": "2137073bfe27fb92",
+        },
+    ),
+)
