@@ -30,10 +30,12 @@ import sys
 import threading
 
 TF_LOG_LINE = re.compile(
-    r"^(?:[IWEF]\d{4} \d\d:\d\d:\d+\.\d+\s+\d+ \S+:\d+\]"
+    r"^(?:\[worker \d+\] )?"
+    r"(?:[IWEF]\d{4} \d\d:\d\d:\d+\.\d+\s+\d+ \S+:\d+\]"
     r"|WARNING: All log messages before absl::InitializeLog\(\) is called)"
 )
-"""A line of TensorFlow's C++ log (or absl's notice before its logging starts)."""
+"""A line of TensorFlow's C++ log (or absl's notice before its logging starts), also as
+`strategykit launch` forwards a worker's (`[worker k] I0000 ...`)."""
 
 
 def main(argv: list[str] | None = None) -> int:

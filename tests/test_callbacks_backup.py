@@ -1,0 +1,129 @@
+"""`sk.callbacks.BackupAndRestore`: a resumed run equals an uninterrupted one, and a
+backup torn by a kill is never read. Across worker processes: tests/test_launch_resume.py.
+"""
+
+import os
+
+import keras
+import numpy as np
+import pytest
+
+import strategykit as sk
+
+EPOCHS = 6
+
+
+class _Interrupt(keras.callbacks.Callback):
+    """Stops the process's training at the start of `epoch`, as a kill would."""
+
+    def __init__(self, epoch):
+        super().__init__()
+        self.epoch = epoch
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if epoch == self.epoch:
+            raise KeyboardInterrupt(f"interrupted at epoch {epoch}")
+
+
+class _Epochs(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.seen.append(epoch)
+
+
+def _data():
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(64, 3)).astype("float32")
+    return x, (x @ np.array([[1.0], [-2.0], [0.5]], "float32") + 1).astype("float32")
+
+
+def _fit(strategy, callbacks, epochs=EPOCHS):
+    from conftest import bn_regressor
+
+    with strategy.scope():
+        model = bn_regressor()
+        model.compile(keras.optimizers.Adam(0.01), "mse")  # state to restore
+    x, y = _data()
+    model.fit(sk.shard((x, y), strategy, global_batch_size=16), epochs=epochs, verbose=0,
+              shuffle=False, callbacks=callbacks)
+    return model
+
+
+def _assert_same_weights(model, reference):
+    for weights, expected in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(weights, expected, rtol=1e-6, atol=1e-6)
+
+
+def test_resumes_after_the_last_completed_epoch(make_strategy, tmp_path):
+    strategy = make_strategy(2)
+    uninterrupted = _fit(strategy, [])
+    backup = sk.callbacks.BackupAndRestore(tmp_path / "backup")
+    with pytest.raises(KeyboardInterrupt):
+        _fit(strategy, [backup, _Interrupt(3)])
+    assert [os.path.basename(b) for b in backup.backups()] == ["backup-000002"]
+    epochs = _Epochs()
+    resumed = _fit(strategy, [sk.callbacks.BackupAndRestore(tmp_path / "backup"), epochs])
+    assert epochs.seen == [3, 4, 5]  # epochs 0-2 not done again
+    _assert_same_weights(resumed, uninterrupted)  # Adam's moments restored too
+    assert not os.path.exists(tmp_path / "backup")  # delete_checkpoint=True
+
+
+def test_a_backup_torn_by_a_kill_is_never_read(make_strategy, tmp_path, monkeypatch):
+    strategy = make_strategy(2)
+    uninterrupted = _fit(strategy, [])
+    save_weights = keras.Model.save_weights
+
+    def killed_while_writing(model, filepath, *args, **kwargs):
+        if epochs.seen[-1] == 3:  # the backup of epoch 3: half a file, then "killed"
+            with open(filepath, "wb") as file:
+                file.write(b"\x89HDF\r\n")
+            raise KeyboardInterrupt("killed while writing the backup")
+        return save_weights(model, filepath, *args, **kwargs)
+
+    epochs = _Epochs()
+    monkeypatch.setattr(keras.Model, "save_weights", killed_while_writing)
+    with pytest.raises(KeyboardInterrupt):
+        _fit(strategy, [epochs, sk.callbacks.BackupAndRestore(tmp_path / "backup")])
+    monkeypatch.undo()
+    assert os.path.isdir(tmp_path / "backup" / ".writing")  # the torn one, set aside
+    epochs = _Epochs()
+    resumed = _fit(strategy, [sk.callbacks.BackupAndRestore(tmp_path / "backup"), epochs])
+    assert epochs.seen == [3, 4, 5]  # from the backup before: epoch 2's
+    _assert_same_weights(resumed, uninterrupted)
+
+
+def test_double_checkpoint_keeps_two_and_falls_back(make_strategy, tmp_path):
+    strategy = make_strategy(1)
+    backup = sk.callbacks.BackupAndRestore(tmp_path / "b", double_checkpoint=True,
+                                           delete_checkpoint=False)
+    _fit(strategy, [backup], epochs=3)
+    newest, before = backup.backups()[::-1]
+    assert [os.path.basename(b) for b in (before, newest)] == ["backup-000001", "backup-000002"]
+    with open(os.path.join(newest, "latest.weights.h5"), "wb") as file:
+        file.write(b"not a weights file")
+    epochs = _Epochs()
+    _fit(strategy, [sk.callbacks.BackupAndRestore(tmp_path / "b", double_checkpoint=True),
+                    epochs], epochs=3)
+    assert epochs.seen == [2]  # the newest is unreadable: resumed from the one before
+
+
+def test_save_freq_in_batches(make_strategy, tmp_path):
+    strategy = make_strategy(2)
+    backup = sk.callbacks.BackupAndRestore(tmp_path / "b", save_freq=3,
+                                           delete_checkpoint=False)
+    _fit(strategy, [backup], epochs=2)  # 4 batches an epoch: saved after batches 3, 6
+    assert len(backup.backups()) == 1
+    assert os.path.basename(backup.backups()[0]) == "backup-000001"
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"backup_dir": ""}, r"backup_dir must name a directory. Received: backup_dir=''"),
+    ({"backup_dir": "b", "save_freq": "batch"},
+     r"Invalid value for argument `save_freq`. Received: save_freq=batch"),
+])
+def test_errors(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        sk.callbacks.BackupAndRestore(**kwargs)
