@@ -1,7 +1,8 @@
 """`strategykit demo`: the main job, multi-replica training of a real model on real data.
 
 A small conv net with synchronized batch norm learns scikit-learn's 8x8 digits across N
-replicas (every GPU, or 4 simulated replicas on a CPU-only machine), with each replica
+replicas (every GPU, or 4 simulated replicas on a CPU-only machine; or across worker
+processes with `strategykit demo --workers N`), with each replica
 fed its own examples by `sk.shard` and every replica's loss reported by
 `sk.callbacks.CrossReplicaLoss`. It writes the loss plot (PNG) and the history (CSV).
 """
@@ -12,6 +13,7 @@ import dataclasses
 import pathlib
 
 import keras
+import tensorflow as tf
 
 from strategykit import callbacks, datasets
 from strategykit.convert import convert_sync_batchnorm
@@ -69,7 +71,9 @@ class DemoResult:
         rows = [
             ("Data", self.data),
             ("Replicas", f"{self.strategy['replicas']}"
-                         f"{' (simulated)' if self.strategy['simulated'] else ''}"),
+                         f"{' (simulated)' if self.strategy['simulated'] else ''}"
+                         + (f" on {self.strategy['workers']} worker processes"
+                            if self.strategy["workers"] > 1 else "")),
             ("Devices", ", ".join(name.rsplit("/", 1)[-1] for name in self.strategy["devices"])),
             ("All-reduce", self.strategy["all_reduce"]),
             ("Batch norm", "synchronized" if self.sync_bn else "per replica"),
@@ -122,6 +126,7 @@ def run_demo(
     data_dir: str | None = None,
     verbose: int | str = "auto",
     seed: int = 0,
+    strategy: tf.distribute.Strategy | None = None,
 ) -> DemoResult:
     """Trains the demo model across replicas and returns what it reached.
 
@@ -138,6 +143,9 @@ def run_demo(
         data_dir: where that TFDS dataset is prepared.
         verbose: Keras `fit()` verbosity. Default `"auto"` (progress bar).
         seed: seed of weights and shuffling. Default 0.
+        strategy: the strategy to train under instead of `sk.mirrored(replicas)`, e.g.
+            `sk.from_env()` on each worker of `strategykit demo --workers N`. The files
+            are then written by the chief only.
 
     Returns:
         A `DemoResult`; `.summary()` is the printed table.
@@ -147,7 +155,7 @@ def run_demo(
         >>> result = run_demo(epochs=1, out="/tmp/demo")  # doctest: +SKIP
         >>> print(result.summary())  # doctest: +SKIP
     """
-    strategy = mirrored(replicas=replicas or _default_replicas())
+    strategy = strategy or mirrored(replicas=replicas or _default_replicas())
     out = pathlib.Path(out)
     out.mkdir(parents=True, exist_ok=True)
     data = datasets.load_tfds_images(dataset, data_dir) if dataset else datasets.load_digits()

@@ -4,11 +4,12 @@ import re
 import subprocess
 import sys
 
-from conftest import progress_lines
 from test_cli import TF_LOG_LINE
 
 from strategykit import cli
 from strategykit.demo import build_classifier, run_demo
+
+from conftest import progress_lines
 
 
 def summary_rows(text: str) -> dict:
@@ -74,3 +75,34 @@ def test_demo_on_a_tfds_dataset_that_is_not_prepared_is_a_clear_error(tmp_path, 
 def test_check_command_passes_on_this_machine(capsys):
     assert cli.main(["check", "--replicas", "2"]) == 0
     assert capsys.readouterr().out.startswith("PASSED: 2 replicas x 16 examples against 1 device")
+
+
+def test_demo_across_two_worker_processes_reaches_the_same_accuracy(tmp_path):
+    # `strategykit demo --workers 2`: 2 worker processes of 1 replica, through the
+    # launcher; the same global batch and data order as 2 replicas in one process.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_CPP", "ABSL"))}
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "strategykit_console", "demo", "--workers", "2", "--epochs",
+         "2", "--out", str(tmp_path / "workers")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        start_new_session=True)
+    try:
+        out, err = launcher.communicate(timeout=300)
+    finally:  # never leave a worker waiting in a collective
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, 9)
+    assert launcher.returncode == 0, err[-3000:]
+    summary = summary_rows(out.split("[worker 0] \n")[-1].replace("[worker 0] ", ""))
+    assert summary["Replicas"] == "2 on 2 worker processes"
+    one_process = run_demo(replicas=2, epochs=2, out=tmp_path / "one", verbose=0)
+    assert abs(float(summary["Test accuracy"].rstrip("%")) / 100
+               - one_process.test_accuracy) <= 0.01
+    assert sorted(os.listdir(tmp_path / "workers")) == ["history.csv", "loss.png"]
+    assert "[worker 1]" not in out  # the chief's bar and summary only
+    assert not [line for line in (out + err).splitlines() if TF_LOG_LINE.search(line)]
+
+
+def test_demo_with_workers_and_replicas_is_an_error(capsys):
+    assert cli.main(["demo", "--workers", "2", "--replicas", "2"]) == 2
+    assert "Pass either --workers or --replicas, not both. Received: --workers 2 " \
+           "--replicas 2" in capsys.readouterr().err
