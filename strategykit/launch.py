@@ -138,7 +138,7 @@ def _run_job(command: list[str], attempt: int, ports: list[int], devices: list[s
                 pipe.close()
         while stop.signal is None:
             codes = [process.poll() for process in processes]
-            failed = next((k for k, code in enumerate(codes) if code not in (None, 0)), None)
+            failed = _first_failed(codes)
             if failed is not None or all(code == 0 for code in codes):
                 break
             time.sleep(_POLL_SECONDS)
@@ -161,6 +161,17 @@ def _run_job(command: list[str], attempt: int, ports: list[int], devices: list[s
     terminal.note(f"worker {failed} was killed by signal {_signal_name(-code)} ({-code})"
                   f"{others}.")
     return 128 - code
+
+
+def _first_failed(codes: list[int | None]) -> int | None:
+    """The worker that failed, of those seen failed in one poll; None when none did.
+
+    A peer's death makes the other workers fail too (their collectives break), often
+    within one poll: a worker killed by a signal is the likelier cause, so it is named
+    first, then the lowest index.
+    """
+    failed = [k for k, code in enumerate(codes) if code not in (None, 0)]
+    return min(failed, key=lambda k: (codes[k] > 0, k)) if failed else None
 
 
 def _start(command: list[str], env: dict[str, str]) -> subprocess.Popen:

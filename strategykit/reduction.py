@@ -33,6 +33,8 @@ import numpy as np
 import tensorflow as tf
 import tensorflow.experimental.numpy as tnp
 
+from strategykit.cluster import is_multi_worker
+
 REDUCE_OPS = ("mean", "sum", "min", "max", "std")
 """The valid values of `op`."""
 
@@ -42,6 +44,8 @@ def reduce(per_replica, strategy: tf.distribute.Strategy, op: str = "mean"):
 
     Call it in cross-replica context (outside `strategy.run`), eagerly or inside a
     `tf.function`. `"std"` is the population standard deviation (like `numpy.std`).
+    Across several workers it reduces over every replica of the job, and every worker
+    gets the same result (so every worker must call it, as with any collective).
 
     Args:
         per_replica: what `strategy.run` returned: a `tf.distribute.DistributedValues`,
@@ -67,10 +71,23 @@ def reduce(per_replica, strategy: tf.distribute.Strategy, op: str = "mean"):
     check_op(op)
 
     def reduce_one(value):
-        stacked = tf.stack(strategy.experimental_local_results(value))
-        return reduce_stacked(stacked, op, xp=tnp)
+        return reduce_stacked(_every_replica(value, strategy), op, xp=tnp)
 
     return tf.nest.map_structure(reduce_one, per_replica)
+
+
+def _every_replica(value, strategy) -> tf.Tensor:
+    """Every replica's value stacked along a new axis 0, in replica order.
+
+    Across several workers the other workers' replicas are gathered (a collective: every
+    worker must call `reduce` alike); on one machine its replicas are all local.
+    """
+    local = [tf.expand_dims(v, 0) for v in strategy.experimental_local_results(value)]
+    if not is_multi_worker(strategy):
+        return tf.concat(local, axis=0)
+    distributed = strategy.experimental_distribute_values_from_function(
+        lambda context: local[context.replica_id_in_sync_group % len(local)])
+    return strategy.gather(distributed, axis=0)
 
 
 def check_op(op: str) -> None:

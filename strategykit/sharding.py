@@ -19,8 +19,9 @@ import weakref
 import numpy as np
 import tensorflow as tf
 
-from strategykit.batching import batch_for_replicas, split_labels
+from strategykit.batching import split_labels
 from strategykit.cluster import is_multi_worker
+from strategykit.pipeline import make_pipeline
 from strategykit.sources import check_size, examples_source
 from strategykit.upstream import count_steps_not_batches
 
@@ -190,79 +191,11 @@ def shard(
     return distributed
 
 
-def make_pipeline(examples, size=None, context=None, *, global_batch_size, remainder,
-                  replicas=None, shuffle=False, seed=None, shuffle_buffer=None, augment=None,
-                  every_replica=False):
-    """Shuffles and batches unbatched examples; used by `shard` and `shard_tfds`.
-
-    With an input `context` (`distribute_datasets_from_function`) the result is this
-    pipeline's per-replica batches, and tf.data's auto-sharding is off: the examples are
-    this pipeline's own, or, with `every_replica`, every example, of which the pipeline
-    keeps its own replicas' slices of each global batch (as one pipeline would give
-    them). Without a context (`experimental_distribute_dataset`) it is global batches for
-    `replicas` replicas, sharded by data (`DATA`) over several workers.
-    """
-    options = tf.data.Options()
-    policy = tf.data.experimental.AutoShardPolicy
-    options.experimental_distribute.auto_shard_policy = policy.OFF if context else policy.DATA
-    if shuffle:
-        examples = examples.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-    if augment is not None:
-        examples = _augmented(examples, augment, seed, None if every_replica else context)
-    if size is None:
-        size = _known_size(examples)
-    batch_size = global_batch_size
-    if context is not None:
-        replicas = context.num_replicas_in_sync
-        if not every_replica:
-            replicas //= context.num_input_pipelines
-        batch_size = context.get_per_replica_batch_size(global_batch_size) * replicas
-    batches = batch_for_replicas(
-        examples, pipeline_batch_size=batch_size, replicas=replicas, remainder=remainder,
-        per_replica=context is not None, size=size,
-    )
-    if every_replica:
-        batches = _own_replicas(batches, context)
-    return batches.prefetch(tf.data.AUTOTUNE).with_options(options)
-
-
 def _per_pipeline(strategy, dataset_fn) -> tf.distribute.DistributedDataset:
     """`distribute_datasets_from_function(dataset_fn)`, its step count as Keras reads it."""
     distributed = strategy.distribute_datasets_from_function(dataset_fn)
     count_steps_not_batches(distributed, strategy)
     return distributed
-
-
-def _known_size(examples: tf.data.Dataset) -> int | None:
-    """The number of examples when tf.data knows it (a function's dataset, say)."""
-    if not tf.executing_eagerly():
-        return None
-    cardinality = int(examples.cardinality())
-    return cardinality if cardinality >= 0 else None
-
-
-def _own_replicas(batches: tf.data.Dataset, context) -> tf.data.Dataset:
-    """This pipeline's replicas' batches, of every replica's batches in replica order."""
-    pipelines, replicas = context.num_input_pipelines, context.num_replicas_in_sync
-    if pipelines == 1:
-        return batches
-    local, index = replicas // pipelines, context.input_pipeline_id
-    count = int(batches.cardinality())
-    own = batches.enumerate().filter(
-        lambda i, _: (i % replicas) // local == index).map(lambda _, batch: batch)
-    return own.apply(tf.data.experimental.assert_cardinality(count // pipelines)) if (
-        count >= 0) else own
-
-
-def _augmented(examples, augment, seed, context):
-    """`augment(example, seed)` with a fresh, reproducible stateless seed per example."""
-    pipeline = context.input_pipeline_id if context is not None else 0
-    seeds = tf.data.Dataset.random(
-        seed=None if seed is None else seed + 7919 * pipeline,
-        rerandomize_each_iteration=True,
-    ).batch(2, drop_remainder=True)
-    return tf.data.Dataset.zip((examples, seeds)).map(
-        augment, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
 def replica_batches(ds, strategy: tf.distribute.Strategy, steps: int | None = None, *,

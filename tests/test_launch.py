@@ -420,3 +420,12 @@ def test_other_lines_are_never_lost():
                    "[worker 1] no line end\n")
     # The chief's last update stays on screen once, however its stream ends.
     assert forwarded((0, b"\r1/2\r2/2\r"))[0] == "\r[worker 0] 1/2\r[worker 0] 2/2\n"
+
+
+@pytest.mark.parametrize("codes, failed", [
+    ([None, None], None), ([0, None], None), ([None, 3], 1), ([1, -9], 1), ([-15, -9], 0),
+    ([2, 1], 0),
+])
+def test_the_worker_named_is_the_likelier_cause(codes, failed):
+    # A worker killed by a signal breaks its peers' collectives: they fail a moment later.
+    assert launch_module._first_failed(codes) == failed

@@ -221,3 +221,58 @@ def test_keras_fit_fails_across_workers_without_each_fix(tmp_path):
         errors = worker.last_json()
         assert "Attempt to convert a value (PerReplica" in errors["_maybe_symbolic_build"]
         assert "Invalid reduction dimension 0" in errors["reduce_per_replica"]
+
+
+_UNSHARED_BACKUP = """
+import os, sys
+import strategykit as sk
+from test_multi_worker import build_model, training_data
+
+strategy = sk.from_env()
+x, y = training_data()
+with strategy.scope():
+    model = build_model()
+# As on two machines with local disks: the chief's backup_dir holds a backup, worker 1's
+# (another disk, the same path) holds none.
+backup_dir = f"{sys.argv[1]}/disk-{os.environ['STRATEGYKIT_WORKER']}"
+model.fit(sk.shard((x, y), strategy, global_batch_size=16), epochs=4, verbose=0,
+          shuffle=False, callbacks=[sk.callbacks.BackupAndRestore(backup_dir)])
+"""
+
+
+def test_workers_that_cannot_read_the_chiefs_backup_fail_at_once(tmp_path):
+    model = build_model()
+    x, y = training_data()
+    model.fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[
+        sk.callbacks.BackupAndRestore(tmp_path / "disk-0", delete_checkpoint=False)])
+    finished = run_workers(_UNSHARED_BACKUP, 2, args=[tmp_path], tmp_path=tmp_path,
+                           check=False)
+    for worker in finished:
+        assert worker.returncode != 0
+        assert ("The workers resumed from different backups: worker 0 at epoch 2, worker 1 "
+                "at epoch 0.") in worker.stderr, worker.stderr[-3000:]
+
+
+_REDUCE = """
+import json
+import tensorflow as tf
+import strategykit as sk
+
+strategy = sk.from_env()
+values = strategy.run(lambda: tf.cast(
+    tf.distribute.get_replica_context().replica_id_in_sync_group + 1, tf.float32) * [10.0, 1.0])
+print(json.dumps({op: sk.reduce(values, strategy, op).numpy().tolist()
+                  for op in ("mean", "sum", "min", "max", "std")}))
+"""
+
+
+def test_reduce_covers_every_replica_of_the_job(tmp_path):
+    # Replica k holds (k + 1) * [10, 1]: 3 workers, 1 replica each.
+    for worker in run_workers(_REDUCE, 3, tmp_path=tmp_path):
+        reduced = worker.last_json()
+        np.testing.assert_allclose(reduced["mean"], [20.0, 2.0])
+        np.testing.assert_allclose(reduced["sum"], [60.0, 6.0])
+        np.testing.assert_allclose(reduced["min"], [10.0, 1.0])
+        np.testing.assert_allclose(reduced["max"], [30.0, 3.0])
+        np.testing.assert_allclose(reduced["std"], np.std([[10, 1], [20, 2], [30, 3]], axis=0),
+                                   rtol=1e-6)

@@ -9,7 +9,7 @@ import tensorflow as tf
 
 import strategykit as sk
 from strategykit.batching import spread_indices
-from strategykit.sharding import make_pipeline
+from strategykit.pipeline import make_pipeline
 
 from conftest import bn_regressor, cpu_devices, progress_lines
 

@@ -11,6 +11,8 @@ import tensorflow_datasets as tfds
 import strategykit as sk
 from strategykit.tfds_input import prepared_builder, tfds_examples
 
+from workers import run_workers
+
 EXAMPLES = 22
 FILES = 4
 
@@ -156,3 +158,24 @@ def test_errors(make_strategy, data_dir, tmp_path):
                                          num_replicas_in_sync=5)
     with pytest.raises(ValueError, match=r"has 4 file\(s\), fewer than the 5 input pipelines"):
         tfds_examples(prepared_builder("sharding_toy", data_dir), "train", context)
+
+
+_ACROSS_WORKERS = """
+import json, sys
+import strategykit as sk
+
+strategy = sk.from_env()
+ds = sk.shard_tfds("sharding_toy", "train", strategy, global_batch_size=4,
+                   data_dir=sys.argv[1])
+print(json.dumps([step[0] for step in sk.replica_batches(ds, strategy)]))
+"""
+
+
+def test_shard_tfds_across_two_workers_gives_every_example_once(data_dir, tmp_path):
+    # Each worker reads its own files: 2 of the 4.
+    first, second = (w.last_json() for w in run_workers(_ACROSS_WORKERS, 2, args=[data_dir],
+                                                         tmp_path=tmp_path))
+    assert len(first) == len(second)  # the same steps on both: no replica left waiting
+    seen = [i for worker in (first, second) for step in worker for i in step]
+    assert sorted(seen) == list(range(EXAMPLES))
+    assert not set(i for step in first for i in step) & set(i for step in second for i in step)

@@ -16,17 +16,20 @@ Keras's arguments and Keras's own save and restore code, and changes where they 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 
 import keras
+import tensorflow as tf
 
 from strategykit.chief_files import writable_path
-from strategykit.cluster import is_chief
+from strategykit.cluster import is_chief, is_multi_worker
 
 _BACKUP = re.compile(r"^backup-(\d+)$")
 _WRITING = ".writing"
+_METADATA = "training_metadata.json"  # what Keras's BackupAndRestore writes and reads
 
 
 class BackupAndRestore(keras.callbacks.Callback):
@@ -81,7 +84,9 @@ class BackupAndRestore(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         strategy = self.model.distribute_strategy
         self._chief = is_chief(strategy)
-        self._restore()
+        epoch = self._restore()
+        if is_multi_worker(strategy):
+            self._check_every_worker_restored(strategy, epoch)
         writing = os.path.join(writable_path(self.backup_dir, strategy), _WRITING)
         shutil.rmtree(writing, ignore_errors=True)  # torn by an earlier kill
         self._writer = keras.callbacks.BackupAndRestore(
@@ -108,17 +113,39 @@ class BackupAndRestore(keras.callbacks.Callback):
                           if (m := _BACKUP.match(name)))
         return [os.path.join(self.backup_dir, name) for _, name in numbered]
 
-    def _restore(self) -> None:
+    def _restore(self) -> int:
+        """Restores the newest readable backup (Keras's own restore); returns its epoch."""
         candidates = self.backups()[-2 if self.double_checkpoint else -1:]
         for attempt, backup in enumerate(reversed(candidates)):
             restorer = keras.callbacks.BackupAndRestore(backup, delete_checkpoint=False)
             restorer.set_model(self.model)
             try:
                 restorer.on_train_begin()
-                return
             except OSError:
                 if attempt == len(candidates) - 1:
                     raise
+                continue
+            with open(os.path.join(backup, _METADATA)) as file:
+                return int(json.load(file)["epoch"])
+        return 0
+
+    def _check_every_worker_restored(self, strategy, epoch: int) -> None:
+        """Fails on every worker at once unless all restored the same epoch.
+
+        A worker that cannot read the chief's `backup_dir` (no shared disk) would start
+        from other weights and run other epochs, and the job would hang.
+        """
+        own = strategy.experimental_distribute_values_from_function(
+            lambda _: tf.constant([epoch], tf.int64))
+        epochs = strategy.gather(own, axis=0).numpy().tolist()  # one per replica, in order
+        if len(set(epochs)) > 1:
+            by_worker = epochs[::len(strategy.extended.worker_devices)]
+            resumed = ", ".join(f"worker {k} at epoch {e}" for k, e in enumerate(by_worker))
+            raise ValueError(
+                f"The workers resumed from different backups: {resumed}. Received: "
+                f"backup_dir={self.backup_dir!r} on every worker. Every worker must read "
+                "the chief's backups: on several machines put backup_dir on a disk they "
+                "all share.")
 
     def _publish(self) -> None:
         """Turns a backup the writer just wrote into the newest one (chief) or drops it."""
