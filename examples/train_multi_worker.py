@@ -26,6 +26,7 @@ def main() -> None:
     parser.add_argument("--out", default="runs/digits")
     args = parser.parse_args()
 
+    keras.utils.set_random_seed(0)  # the same run every time (the chief's weights start it)
     strategy = sk.from_env()  # TF_CONFIG or SLURM: one worker of the job; else this machine
     if sk.is_chief():
         os.makedirs(args.out, exist_ok=True)  # for CSVLogger, which does not create it

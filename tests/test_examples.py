@@ -13,7 +13,7 @@ def test_multi_worker_example_under_the_launcher(tmp_path):
     out = tmp_path / "run"
     launcher = subprocess.Popen(
         [sys.executable, "-m", "strategykit_console", "launch", "--workers", "2", "--",
-         sys.executable, os.path.join(EXAMPLES, "train_multi_worker.py"), "--epochs", "2",
+         sys.executable, os.path.join(EXAMPLES, "train_multi_worker.py"), "--epochs", "3",
          "--out", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
@@ -25,5 +25,5 @@ def test_multi_worker_example_under_the_launcher(tmp_path):
     reports = re.findall(r"^\[worker (\d)\] test accuracy ([\d.]+)% on 2 replicas$", stdout,
                          re.MULTILINE)
     assert [worker for worker, _ in reports] == ["0"]  # printed by the chief only
-    assert float(reports[0][1]) > 80
+    assert float(reports[0][1]) > 80  # 96.67% seeded here; 10% is chance
     assert sorted(os.listdir(out)) == ["history.csv", "loss.png", "model.keras"]
