@@ -71,16 +71,25 @@ def reduce(per_replica, strategy: tf.distribute.Strategy, op: str = "mean"):
     check_op(op)
 
     def reduce_one(value):
-        return reduce_stacked(_every_replica(value, strategy), op, xp=tnp)
+        return reduce_stacked(every_replica(value, strategy), op, xp=tnp)
 
     return tf.nest.map_structure(reduce_one, per_replica)
 
 
-def _every_replica(value, strategy) -> tf.Tensor:
-    """Every replica's value stacked along a new axis 0, in replica order.
+def every_replica(value, strategy) -> tf.Tensor:
+    """Every replica's value stacked along a new axis 0, in replica order over the job.
 
-    Across several workers the other workers' replicas are gathered (a collective: every
-    worker must call `reduce` alike); on one machine its replicas are all local.
+    `value` is what `strategy.run` returned. Across several workers the other workers'
+    replicas are gathered (a collective: every worker must call it alike); there a plain
+    tensor, one value per worker, counts once for each of its worker's replicas. On one
+    machine its replicas are all local.
+
+    Example:
+        >>> import tensorflow as tf, strategykit as sk
+        >>> from strategykit.reduction import every_replica
+        >>> strategy = sk.mirrored(["/cpu:0"])
+        >>> every_replica(strategy.run(lambda: tf.constant(3)), strategy).numpy()
+        array([3], dtype=int32)
     """
     local = [tf.expand_dims(v, 0) for v in strategy.experimental_local_results(value)]
     if not is_multi_worker(strategy):

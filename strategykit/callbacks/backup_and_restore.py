@@ -26,6 +26,7 @@ import tensorflow as tf
 
 from strategykit.chief_files import writable_path
 from strategykit.cluster import is_chief, is_multi_worker
+from strategykit.reduction import every_replica
 
 _BACKUP = re.compile(r"^backup-(\d+)$")
 _WRITING = ".writing"
@@ -135,9 +136,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         A worker that cannot read the chief's `backup_dir` (no shared disk) would start
         from other weights and run other epochs, and the job would hang.
         """
-        own = strategy.experimental_distribute_values_from_function(
-            lambda _: tf.constant([epoch], tf.int64))
-        epochs = strategy.gather(own, axis=0).numpy().tolist()  # one per replica, in order
+        epochs = every_replica(tf.constant(epoch), strategy).numpy().tolist()
         if len(set(epochs)) > 1:
             by_worker = epochs[::len(strategy.extended.worker_devices)]
             resumed = ", ".join(f"worker {k} at epoch {e}" for k, e in enumerate(by_worker))
