@@ -5,7 +5,7 @@ Could not find cuda drivers`, `cpu_feature_guard.cc ...`), some before its loggi
 set up, where `TF_CPP_MIN_LOG_LEVEL` does not reach them, and more at the end of
 training (`local_rendezvous.cc ... recv item cancelled`). Importing `strategykit`
 imports TensorFlow, so this module lives outside the package: the command quiets
-TensorFlow here, before anything imports it, and then runs `strategykit.cli.main`.
+TensorFlow here, before anything imports it, and then runs `strategykit.cli.commands.main`.
 
 Quiet means `TF_CPP_MIN_LOG_LEVEL=2` for TensorFlow and, for the lines it prints
 anyway, a filter on the process's standard error (file descriptor 2, so C++ output
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     own_arguments = argv[: argv.index("--")] if "--" in argv else argv
     if "--verbose" not in own_arguments and "TF_CPP_MIN_LOG_LEVEL" not in os.environ:
         quiet_tensorflow()
-    from strategykit.cli import main as run
+    from strategykit.cli.commands import main as run
 
     return run(argv)
 

@@ -34,7 +34,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 def fit_step_seconds(model, data, *, steps: int, epochs: int = 4) -> float:
     """Seconds per `fit()` step: fastest of `epochs` timed epochs after one warm-up epoch."""
-    from strategykit.timing import EpochTimer
+    from strategykit.cli.timing import EpochTimer
 
     timer = EpochTimer()
     model.fit(data, epochs=epochs + 1, steps_per_epoch=steps, verbose=0, callbacks=[timer])
@@ -46,7 +46,7 @@ def fit_round_seconds(model, data, *, steps: int, callbacks=()) -> float:
 
     Call it once per round after the model's step has been traced.
     """
-    from strategykit.timing import EpochTimer
+    from strategykit.cli.timing import EpochTimer
 
     timer = EpochTimer()
     model.fit(data, epochs=2, steps_per_epoch=steps, verbose=0, callbacks=[*callbacks, timer])

@@ -15,7 +15,7 @@ each started afresh for every measurement:
   TensorFlow runtimes competing for the 2 cores) without any collective between them.
 
 The step time is measured in process 0 (worker 0, the chief): one warm-up epoch (it
-traces), then the wall time of each of `--epochs` epochs (`strategykit.timing.
+traces), then the wall time of each of `--epochs` epochs (`strategykit.cli.timing.
 EpochTimer`); the fastest epoch divided by its steps, since interference only adds time.
 In `two_alone` both processes wait for each other after the warm-up epoch, and each
 keeps training until both have finished their timed epochs, so every timed epoch runs
@@ -57,7 +57,7 @@ import time
 import harness
 import workloads
 
-from strategykit.launch import signal_groups
+from strategykit.cluster.launch import signal_groups
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -109,7 +109,7 @@ def _child(variant: str, rank: int, barrier: str, epochs: int) -> dict:
     import numpy as np
 
     import strategykit as sk
-    from strategykit.timing import EpochTimer
+    from strategykit.cli.timing import EpochTimer
 
     strategy = _strategy(variant)
     replicas = strategy.num_replicas_in_sync
@@ -166,7 +166,7 @@ def run_variant(variant: str, *, epochs: int, timeout: float) -> float:
     fill up). When a process fails, or any is still running after `timeout` seconds,
     every process group of the variant still running is killed and this raises.
     """
-    from strategykit.worker_env import free_ports
+    from strategykit.cluster.worker_env import free_ports
 
     processes = PROCESSES[variant]
     scratch = tempfile.mkdtemp(prefix="sk-multi-worker-")

@@ -16,8 +16,8 @@ import os
 import keras
 
 import strategykit as sk
-from strategykit.datasets import load_digits
-from strategykit.demo import build_classifier
+from strategykit.cli.demo import build_classifier
+from strategykit.data.datasets import load_digits
 
 
 def main() -> None:

@@ -10,16 +10,16 @@ Example:
 __version__ = "0.1.0"
 
 from strategykit import callbacks
-from strategykit.check import CheckReport, check
-from strategykit.cluster import is_chief
-from strategykit.convert import convert_sync_batchnorm
-from strategykit.describe import describe
-from strategykit.learning_rate import scale_learning_rate
-from strategykit.reduction import reduce
-from strategykit.sharding import per_replica_batch_size, replica_batches, shard
-from strategykit.strategy import from_env, mirrored
-from strategykit.sync_bn import SyncBatchNormalization
-from strategykit.tfds_input import shard_tfds
+from strategykit.batchnorm.convert import convert_sync_batchnorm
+from strategykit.batchnorm.layer import SyncBatchNormalization
+from strategykit.cluster.roles import is_chief
+from strategykit.data.sharding import per_replica_batch_size, replica_batches, shard
+from strategykit.data.tfds_input import shard_tfds
+from strategykit.equivalence.check import CheckReport, check
+from strategykit.strategy.build import from_env, mirrored
+from strategykit.strategy.describe import describe
+from strategykit.strategy.learning_rate import scale_learning_rate
+from strategykit.strategy.reduction import reduce
 
 __all__ = [
     "__version__",

@@ -19,10 +19,13 @@ import sys
 import textwrap
 import time
 
-from strategykit.launch import signal_groups
-from strategykit.worker_env import free_ports, worker_env
+from strategykit.cluster.launch import signal_groups
+from strategykit.cluster.worker_env import free_ports, worker_env
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
+TEST_PATHS = [TESTS, *sorted(entry.path for entry in os.scandir(TESTS)
+                             if entry.is_dir() and not entry.name.startswith(("_", ".")))]
+"""The tests folder and each part's folder: a worker script imports test modules by name."""
 
 
 @dataclasses.dataclass
@@ -43,12 +46,12 @@ def run_workers(source: str, workers: int = 2, *, args=(), timeout: float = 240,
                 env: dict | None = None, tmp_path=None, check: bool = True) -> list[Finished]:
     """Runs `source` (Python, dedented) as `workers` worker processes; returns them ended.
 
-    The script can `import` the test modules (the tests folder is on its path). With
+    The script can `import` the test modules (every test folder is on its path). With
     `check`, a worker that exits non-zero fails the test with its output.
     """
     script = os.path.join(str(tmp_path or TESTS), f"worker_{os.getpid()}_{time.time_ns()}.py")
     with open(script, "w") as file:
-        file.write(f"import sys\nsys.path.insert(0, {TESTS!r})\n" + textwrap.dedent(source))
+        file.write(f"import sys\nsys.path[:0] = {TEST_PATHS!r}\n" + textwrap.dedent(source))
     ports = free_ports(workers)
     processes = []
     try:

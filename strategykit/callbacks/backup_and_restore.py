@@ -10,7 +10,7 @@ Keras's arguments and Keras's own save and restore code, and changes where they 
   step, to `backup_dir/backup-<n>`; a restore reads the newest complete `backup-<n>`.
   A kill at any moment leaves the previous backup whole.
 * Only the chief writes `backup_dir`. The other workers do the same work into a scratch
-  directory of their own (`strategykit.chief_files`), so every worker takes part in the
+  directory of their own (`strategykit.cluster.chief_files`), so every worker takes part in the
   same steps, and restore from `backup_dir` as the chief does.
 """
 
@@ -24,9 +24,9 @@ import shutil
 import keras
 import tensorflow as tf
 
-from strategykit.chief_files import writable_path
-from strategykit.cluster import is_chief, is_multi_worker
-from strategykit.reduction import every_replica
+from strategykit.cluster.chief_files import writable_path
+from strategykit.cluster.roles import is_chief, is_multi_worker
+from strategykit.strategy.reduction import every_replica
 
 _BACKUP = re.compile(r"^backup-(\d+)$")
 _WRITING = ".writing"

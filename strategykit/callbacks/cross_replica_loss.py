@@ -10,8 +10,8 @@ import numpy as np
 from strategykit.callbacks import nan_guard, replica_drift
 from strategykit.callbacks.progress import ProgressDisplay, check_progress, shown_keys
 from strategykit.callbacks.step_hooks import StepHooks
-from strategykit.cluster import is_multi_worker
-from strategykit.reduction import REDUCE_OPS, reduce_stacked
+from strategykit.cluster.roles import is_multi_worker
+from strategykit.strategy.reduction import REDUCE_OPS, reduce_stacked
 
 DEFAULT_REDUCTIONS = ("mean", "min", "max", "std")
 

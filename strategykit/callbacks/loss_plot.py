@@ -8,7 +8,7 @@ import re
 
 import keras
 
-from strategykit.cluster import is_chief
+from strategykit.cluster.roles import is_chief
 
 _REPLICA_KEY = re.compile(r"^(val_)?loss/replica_(\d+)$")
 

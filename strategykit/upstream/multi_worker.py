@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from strategykit.cluster import is_multi_worker
+from strategykit.cluster.roles import is_multi_worker
 from strategykit.upstream.fix import CHECKED_ON, Fix, original, resolve
 
 _TRAINER_MODULE = "keras.src.backend.tensorflow.trainer"

@@ -6,14 +6,14 @@ In a `fit()` across several workers every worker runs every callback, so
 workers' writes to temporary directories; Keras 3 has nothing of the kind. These fixes
 give each of the three callbacks a `set_model` (Keras calls it at the start of every
 `fit()`, `evaluate()` and `predict()`) that points the callback's path attribute at
-`strategykit.chief_files.writable_path(...)` first: the user's path on the chief, a
+`strategykit.cluster.chief_files.writable_path(...)` first: the user's path on the chief, a
 scratch path on every other worker. Under any other strategy, and on the chief, the
 path stays what the user gave. The user's callback list stays as on one machine.
 """
 
 from __future__ import annotations
 
-from strategykit.chief_files import writable_path
+from strategykit.cluster.chief_files import writable_path
 from strategykit.upstream.fix import CHECKED_ON, Fix, original, resolve
 
 _CALLBACKS = "keras.src.callbacks"

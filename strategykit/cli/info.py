@@ -1,0 +1,65 @@
+"""`strategykit info`: versions, devices and the strategy this machine would build."""
+
+from __future__ import annotations
+
+import json
+
+import keras
+import tensorflow as tf
+
+from strategykit.strategy import devices as _devices
+from strategykit.strategy.build import mirrored
+from strategykit.strategy.describe import describe
+
+
+def collect(replicas: int | None = None) -> dict:
+    """Gathers the facts `strategykit info` prints.
+
+    Args:
+        replicas: build the strategy `sk.mirrored(replicas=replicas)` would. Default:
+            `sk.mirrored()` (every GPU, or the CPU).
+
+    Returns:
+        A dict with `tensorflow`, `keras`, `physical_devices`, `logical_devices` and
+        `strategy` (what `sk.describe` says of that strategy).
+
+    Example:
+        >>> from strategykit.cli.info import collect
+        >>> collect()["strategy"]["replicas"]  # doctest: +SKIP
+        1
+    """
+    strategy = mirrored(replicas=replicas)
+    return {
+        "tensorflow": tf.__version__,
+        "keras": keras.__version__,
+        "physical_devices": {
+            kind: len(_devices.physical_devices(kind)) for kind in ("CPU", "GPU")
+        },
+        "logical_devices": {kind: _devices.logical_device_names(kind) for kind in ("CPU", "GPU")},
+        "strategy": describe(strategy),
+    }
+
+
+def render(facts: dict, as_json: bool = False) -> str:
+    """Formats `collect()`'s dict as an aligned table, or as JSON."""
+    if as_json:
+        return json.dumps(facts, indent=2)
+    strategy = facts["strategy"]
+    rows = [
+        ("TensorFlow", facts["tensorflow"]),
+        ("Keras", facts["keras"]),
+        ("Physical devices", _count_text(facts["physical_devices"])),
+        ("Logical devices", _count_text({k: len(v) for k, v in facts["logical_devices"].items()})),
+        ("Strategy", strategy["strategy"]),
+        ("Replicas", str(strategy["replicas"])),
+        ("Devices", ", ".join(strategy["devices"])),
+        ("All-reduce", strategy["all_reduce"]),
+        ("Workers", str(strategy["workers"])),
+        ("Simulated devices", "yes" if strategy["simulated"] else "no"),
+    ]
+    width = max(len(label) for label, _ in rows)
+    return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)
+
+
+def _count_text(counts: dict) -> str:
+    return ", ".join(f"{count} {kind}" for kind, count in counts.items())

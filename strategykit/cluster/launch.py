@@ -1,0 +1,256 @@
+"""`strategykit launch`: N worker processes of one command on this machine, one job.
+
+Like `torchrun --standalone` or `horovodrun -np N`: every worker gets its `TF_CONFIG`,
+so `sk.from_env()` in the command builds one `MultiWorkerMirroredStrategy` over all of
+them; a worker that dies stops the job at once, or restarts it when asked. This module
+imports neither TensorFlow nor Keras.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
+from strategykit.cluster.worker_env import count, find_gpus, free_ports, gpu_assignment, worker_env
+from strategykit.cluster.worker_output import LineForwarder, Terminal, forward
+
+GRACE_SECONDS = 3.0
+"""How long a stopped worker has after SIGTERM before its process group gets SIGKILL."""
+
+_POLL_SECONDS = 0.05
+_OUTPUT_SECONDS = 5.0  # how long the last output of a job may take to arrive
+_MAX_PORT = 65535
+
+
+def launch(command: Sequence[str], workers: int, restarts: int = 0, port: int | None = None,
+           gpus_per_worker: int | None = None) -> int:
+    """Runs `command` as `workers` worker processes of one job on this machine.
+
+    Worker k (worker 0 is the chief) runs in its own process group with the launcher's
+    environment plus:
+
+    - `TF_CONFIG`: `{"cluster": {"worker": ["localhost:p0", ...]}, "task": {"type":
+      "worker", "index": k}}`, the ports free loopback ports picked anew for every
+      attempt, or `port + k` when `port` is given;
+    - `STRATEGYKIT_WORKER`: k;
+    - `STRATEGYKIT_RESTART`: the attempt, 0 at first, 1 after the first restart, ...;
+    - `CUDA_VISIBLE_DEVICES`: GPUs `k*G .. k*G+G-1` of those found (listed in the
+      launcher's own `CUDA_VISIBLE_DEVICES` when set, else by `nvidia-smi -L`), with
+      `G = gpus_per_worker`, by default the GPUs found divided by `workers`; left as it
+      is when no GPU is found (on CPUs each worker is one replica), or when there are
+      fewer GPUs than workers (every worker sees them all);
+    - `PYTHONUNBUFFERED=1` unless set, so a worker's prints show when they happen.
+
+    Each worker's stdout and stderr lines come out on the launcher's stdout and stderr
+    prefixed `[worker k] `; of the progress bars only the chief's is shown (see
+    `strategykit.cluster.worker_output`). When a worker exits non-zero or is killed by a signal,
+    every other worker's process group gets SIGTERM at once and SIGKILL
+    `GRACE_SECONDS` (3 s) later; the launcher says on stderr which worker died and how,
+    then starts the whole job again while restarts are left. SIGINT or SIGTERM to the
+    launcher stops all workers the same way. When the job ends, nothing is left running
+    in any worker's process group.
+
+    Args:
+        command: the program and its arguments, e.g. `["python", "train.py"]`.
+        workers: how many worker processes, at least 1.
+        restarts: how many times a failed job is started again (default 0).
+        port: worker k listens on `port + k`; default None: free ports.
+        gpus_per_worker: GPUs for each worker; 0 hides every GPU (workers on the CPU);
+            default None: the GPUs found divided evenly.
+
+    Returns:
+        The exit code: 0 when every worker exited 0; after the last allowed attempt
+        failed, the failed worker's exit code, or 128 + N when it was killed by signal N
+        (as a shell reports it); 130 on SIGINT, 143 on SIGTERM to the launcher.
+
+    Raises:
+        ValueError: a bad argument (no command or a string for one, `workers` < 1,
+            `restarts` < 0, a port out of range, more GPUs asked for than found), or a
+            command that cannot start.
+
+    Example:
+        >>> launch(["python", "-c", "import os; print(os.environ['STRATEGYKIT_WORKER'])"],
+        ...        workers=2)  # doctest: +SKIP
+        strategykit launch: starting 2 workers on localhost, ports 40123, 40124.
+        [worker 0] 0
+        [worker 1] 1
+        0
+    """
+    if isinstance(command, str):
+        raise ValueError(f"command must be a list: the program, then its arguments. Received: "
+                         f"command={command!r}. Use e.g. {command.split()!r}.")
+    command = list(command)
+    _check_arguments(command, workers, restarts, port)
+    gpus = find_gpus()
+    devices = gpu_assignment(workers, gpus_per_worker, gpus)
+    terminal = Terminal(sys.stdout, sys.stderr)
+    if gpus_per_worker is None and 0 < len(gpus) < workers:
+        terminal.note(f"{count(len(gpus), 'GPU')} for {workers} workers: every worker sees "
+                      "every GPU; --gpus-per-worker 0 runs the workers on the CPU.")
+    with _StopSignals() as stop:
+        for attempt in range(restarts + 1):
+            if attempt:
+                terminal.note(f"restarting the job (restart {attempt} of {restarts}).")
+            ports = free_ports(workers) if port is None else list(range(port, port + workers))
+            code = _run_job(command, attempt, ports, devices, terminal, stop)
+            if code == 0 or stop.signal is not None:
+                break
+    return code
+
+
+def _check_arguments(command: list[str], workers: int, restarts: int, port: int | None) -> None:
+    if not command:
+        raise ValueError("no command to run. Received: command=[]. Put the command after "
+                         "--: strategykit launch --workers 2 -- python train.py")
+    if workers < 1:
+        raise ValueError(f"the job needs at least 1 worker. Received: workers={workers}. "
+                         "Use --workers 1 or more.")
+    if restarts < 0:
+        raise ValueError(f"restarts cannot be negative. Received: restarts={restarts}. Use "
+                         "--restarts 0 (the default) for no restart, or K to allow K.")
+    last = _MAX_PORT - workers + 1
+    if port is not None and not 1 <= port <= last:
+        raise ValueError(
+            f"worker k listens on port + k, and ports go from 1 to {_MAX_PORT}. Received: "
+            f"port={port}, workers={workers}. Use --port from 1 to {last}, or leave --port "
+            "out to use free ports.")
+
+
+def _run_job(command: list[str], attempt: int, ports: list[int], devices: list[str | None],
+             terminal: Terminal, stop: _StopSignals) -> int:
+    """Runs one attempt of the job; returns its exit code (see `launch`)."""
+    terminal.note(f"starting {count(len(ports), 'worker')} on localhost, "
+                  f"port{'s' * (len(ports) > 1)} {', '.join(map(str, ports))}.")
+    processes: list[subprocess.Popen] = []
+    readers = []
+    failed = None
+    try:
+        for k, device in enumerate(devices):
+            process = _start(command, worker_env(k, attempt, ports, device))
+            processes.append(process)
+            for stream in ("stdout", "stderr"):
+                pipe = getattr(process, stream)
+                readers.append(forward(os.dup(pipe.fileno()), LineForwarder(terminal, k, stream)))
+                pipe.close()
+        while stop.signal is None:
+            codes = [process.poll() for process in processes]
+            failed = _first_failed(codes)
+            if failed is not None or all(code == 0 for code in codes):
+                break
+            time.sleep(_POLL_SECONDS)
+    finally:
+        stopped = _stop(processes)
+        deadline = time.monotonic() + _OUTPUT_SECONDS
+        for reader in readers:
+            reader.join(max(0.0, deadline - time.monotonic()))
+    others = f"; stopped the other {count(len(stopped), 'worker')}" if stopped else ""
+    if stop.signal is not None:
+        terminal.note(f"received {signal.Signals(stop.signal).name}; stopped "
+                      f"{count(len(stopped), 'worker')}.")
+        return 128 + stop.signal
+    if failed is None:
+        return 0
+    code = processes[failed].returncode
+    if code > 0:
+        terminal.note(f"worker {failed} exited with code {code}{others}.")
+        return code
+    terminal.note(f"worker {failed} was killed by signal {_signal_name(-code)} ({-code})"
+                  f"{others}.")
+    return 128 - code
+
+
+def _first_failed(codes: list[int | None]) -> int | None:
+    """The worker that failed, of those seen failed in one poll; None when none did.
+
+    A peer's death makes the other workers fail too (their collectives break), often
+    within one poll: a worker killed by a signal is the likelier cause, so it is named
+    first, then the lowest index.
+    """
+    failed = [k for k, code in enumerate(codes) if code not in (None, 0)]
+    return min(failed, key=lambda k: (codes[k] > 0, k)) if failed else None
+
+
+def _start(command: list[str], env: dict[str, str]) -> subprocess.Popen:
+    try:
+        return subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                start_new_session=True)
+    except OSError as error:
+        raise ValueError(f"cannot start {command[0]!r}: {error.strerror}. Received: "
+                         f"command={command}. Check the command after --.") from error
+
+
+def _stop(processes: list[subprocess.Popen]) -> list[int]:
+    """Stops every worker's process group: SIGTERM, then SIGKILL after the grace.
+
+    Returns:
+        The indices of the workers that were still running.
+    """
+    running = [k for k, process in enumerate(processes) if process.poll() is None]
+    signal_groups(processes, signal.SIGTERM)
+    deadline = time.monotonic() + GRACE_SECONDS
+    while time.monotonic() < deadline and any(map(_group_alive, processes)):
+        time.sleep(_POLL_SECONDS)
+    signal_groups(processes, signal.SIGKILL)
+    for process in processes:
+        process.wait()
+    return running
+
+
+def signal_groups(processes: list[subprocess.Popen], signum: int) -> None:
+    """Sends `signum` to the process group of each process (started in its own session).
+
+    A group that is gone is skipped; a reaped leader's group gets it for what it left.
+    """
+    for process in processes:
+        process.poll()  # a reaped leader: only what it left in its group is signalled
+        try:
+            os.killpg(process.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _group_alive(process: subprocess.Popen) -> bool:
+    """Whether anything still runs in the worker's process group (its leader reaped)."""
+    process.poll()
+    try:
+        os.killpg(process.pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # running, but not ours to signal
+        pass
+    return True
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return "unknown"
+
+
+class _StopSignals:
+    """While open, SIGINT and SIGTERM are recorded in `signal` instead of ending Python."""
+
+    def __init__(self):
+        self.signal: int | None = None
+        self._previous = {}
+
+    def __enter__(self) -> _StopSignals:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self._previous[signum] = signal.signal(signum, self._record)
+            except ValueError:  # not the main thread: signals stay as they were
+                pass
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+    def _record(self, signum: int, frame) -> None:
+        self.signal = signum

@@ -1,0 +1,85 @@
+"""Which worker this process is: `is_chief()`, `worker_index()`, `is_multi_worker()`.
+
+A job of several worker processes has one chief: the task of type `"chief"` when the
+cluster names one, otherwise worker 0. The chief writes the files (checkpoints, logs,
+plots); the other workers train alongside it and write nothing that collides.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from strategykit.cluster.slurm import slurm_task_index, slurm_tasks
+from strategykit.cluster.tf_config import count_workers, read_tf_config
+
+
+def is_chief(strategy: tf.distribute.Strategy | None = None) -> bool:
+    """True on the one worker that writes files; True on a single machine.
+
+    Use it for your own files in a script that runs on several workers, so that only one
+    worker writes them.
+
+    Args:
+        strategy: the strategy the job trains under. Default None: what
+            `sk.from_env()` reads (`TF_CONFIG`, else a SLURM step of several tasks),
+            or a single machine.
+
+    Returns:
+        True on the chief (the task of type `"chief"`, otherwise worker 0) and whenever
+        there is one worker only; False on every other worker.
+
+    Example:
+        >>> import strategykit as sk
+        >>> sk.is_chief()  # one machine, no TF_CONFIG
+        True
+    """
+    task_type, index, cluster = _task(strategy)
+    if task_type is None:
+        return True
+    if task_type == "chief":
+        return True
+    return task_type == "worker" and index == 0 and not cluster.get("chief")
+
+
+def worker_index(strategy: tf.distribute.Strategy | None = None) -> int:
+    """This worker's position in the job: 0 for the chief, then the workers in order.
+
+    Args:
+        strategy: as for `is_chief`. Default None: `TF_CONFIG`, else SLURM.
+
+    Returns:
+        The index of this worker among every worker of the job (0 on one machine).
+    """
+    task_type, index, cluster = _task(strategy)
+    if task_type in (None, "chief"):
+        return 0
+    return len(cluster.get("chief", [])) + index
+
+
+def is_multi_worker(strategy: tf.distribute.Strategy) -> bool:
+    """True when `strategy` trains across several worker processes."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) or resolver is None:
+        return False
+    return count_workers({"cluster": resolver.cluster_spec().as_dict()}) > 1
+
+
+def _task(strategy) -> tuple[str | None, int, dict]:
+    """`(task type, task index, cluster dict)`, or `(None, 0, {})` for a single worker.
+
+    Without a strategy: `TF_CONFIG` when set, else a SLURM step of several tasks.
+    """
+    if strategy is not None:
+        if not is_multi_worker(strategy):
+            return None, 0, {}
+        resolver = strategy.cluster_resolver
+        return resolver.task_type, int(resolver.task_id), resolver.cluster_spec().as_dict()
+    config = read_tf_config()
+    if not config and slurm_tasks() > 1:
+        # A SLURM step of several tasks and no TF_CONFIG, as sk.from_env() sees it: task
+        # SLURM_PROCID of the workers, task 0 the chief. Only the number of workers is
+        # needed here; their addresses would need the node list expanded (slurm_resolver).
+        return "worker", slurm_task_index(), {"worker": [None] * slurm_tasks()}
+    if count_workers(config) <= 1:
+        return None, 0, {}
+    return config["task"]["type"], int(config["task"]["index"]), config["cluster"]

@@ -1,0 +1,250 @@
+"""Different data for each replica: `shard`, `per_replica_batch_size`, `replica_batches`.
+
+`shard` splits numpy arrays, an unbatched `tf.data.Dataset` or a function
+`fn(input_context) -> tf.data.Dataset` into per-replica batches: every example once, no
+replica ever empty (see `strategykit.data.batching` for the final partial batch). The worked
+example, `range(10)` over 2 replicas with a global batch of 4 (per-replica batch 2):
+
+    step   replica 0   replica 1
+    0      [0, 1]      [2, 3]
+    1      [4, 5]      [6, 7]
+    2      [8]         [9]        (each padded with one copy of weight 0)
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+
+import numpy as np
+import tensorflow as tf
+
+from strategykit.cluster.roles import is_multi_worker
+from strategykit.data.batching import split_labels
+from strategykit.data.pipeline import make_pipeline
+from strategykit.data.sources import check_size, examples_source
+from strategykit.upstream import count_steps_not_batches
+
+_WEIGHTED = weakref.WeakKeyDictionary()  # distributed datasets made here that carry weights
+
+
+def per_replica_batch_size(strategy: tf.distribute.Strategy, global_batch_size: int) -> int:
+    """The examples each replica gets per step: `global_batch_size / replicas`.
+
+    Args:
+        strategy: the `tf.distribute.Strategy` the batches are for.
+        global_batch_size: examples per step over all replicas.
+
+    Returns:
+        The per-replica batch size.
+
+    Raises:
+        ValueError: `global_batch_size` is not a positive multiple of the replicas.
+
+    Example:
+        >>> import strategykit as sk
+        >>> sk.per_replica_batch_size(sk.mirrored(replicas=2), 64)  # doctest: +SKIP
+        32
+    """
+    _check_strategy(strategy)
+    replicas = strategy.num_replicas_in_sync
+    if (not isinstance(global_batch_size, (int, np.integer)) or isinstance(global_batch_size, bool)
+            or global_batch_size < 1):
+        raise ValueError(
+            f"global_batch_size must be a positive integer. Received: global_batch_size="
+            f"{global_batch_size!r}. Use e.g. global_batch_size={32 * replicas}."
+        )
+    if global_batch_size % replicas:
+        raise ValueError(
+            f"global_batch_size={global_batch_size} does not divide evenly over {replicas} "
+            f"replicas. Received: global_batch_size={global_batch_size}. Use a multiple of "
+            f"{replicas}, such as {global_batch_size // replicas * replicas or replicas} or "
+            f"{(global_batch_size // replicas + 1) * replicas}."
+        )
+    return int(global_batch_size) // replicas
+
+
+def shard(
+    data,
+    strategy: tf.distribute.Strategy,
+    *,
+    global_batch_size: int,
+    shuffle: bool = False,
+    seed: int | None = None,
+    drop_remainder: bool = False,
+    pad_remainder: bool = True,
+    shuffle_buffer: int | None = None,
+    augment=None,
+) -> tf.distribute.DistributedDataset:
+    """Splits data into per-replica batches: every example once, no replica empty.
+
+    Each step takes the next `global_batch_size` examples; replica `k` gets the `k`-th
+    slice of `global_batch_size / replicas`. Elements are `(x, y, sample_weight)` (the
+    weight appended, or multiplied into a weight you pass), or `x` for data without
+    labels. Use the result in `model.fit()`/`evaluate()` or in a custom loop
+    (`for batch in ds: strategy.run(step, args=(batch,))`).
+
+    The final partial batch, by default, is padded to a full global batch with copies
+    of real examples of `sample_weight` 0. Its `r` real examples are spread in order
+    over the replicas (`r // N` or `r // N + 1` each; with `r < N` the last replicas
+    get copies only, never an empty batch), and they weigh `global_batch_size / r`.
+    Then, with a loss reduced by `"sum_over_batch_size"` (the Keras default) or
+    `tf.nn.compute_average_loss(..., sample_weight=w, global_batch_size=B)`, the loss
+    and the gradients equal those of one device on the same batches. What it does to the rest:
+
+    * `compile(weighted_metrics=...)` and the reported loss: each padded step counts as
+      a full batch with its real examples weighted up, so epoch averages are close to,
+      not exactly, those over the real examples. `compile(metrics=...)` ignores sample
+      weights and counts the padded copies.
+    * BatchNormalization in training: the batch moments (and the moving averages) of
+      the padded step include the padded copies.
+
+    For evaluation pass `pad_remainder=False`: nothing is padded, the final batch is
+    spread as evenly as possible over the replicas (a remainder smaller than the number
+    of replicas joins the batch before it, when the size of the data is known), so no
+    replica runs an empty batch, and loss, `metrics` and `weighted_metrics` are exactly
+    those over every example once. Do not train that way: replicas of unequal size are
+    averaged with equal weight.
+
+    Data without labels (an array, a dict, a 1-tuple) gets no weights; its padded
+    copies are not marked, so use `pad_remainder=False` (e.g. for `predict`).
+
+    With several workers, numpy and `tf.data` inputs are sharded by data (policy
+    `DATA`, set explicitly: no AUTO-sharding warnings), every worker getting its
+    replicas' slices of each padded global batch. `fn(input_context)` must read its own
+    part (by files, as `sk.shard_tfds` does); each pipeline then pads its own final
+    batch, weighted by its own count: exact only when the pipelines hold equally many
+    examples of the final step, and a pipeline that runs out a step early leaves its
+    replicas empty. Across workers with `fn`, prefer `drop_remainder=True`.
+
+    Args:
+        data: numpy arrays, a tuple `(x, y)` / `(x, y, sample_weight)` or dict of
+            arrays, an unbatched `tf.data.Dataset`, or a function
+            `fn(input_context) -> tf.data.Dataset` of unbatched examples.
+        strategy: the `tf.distribute.Strategy`.
+        global_batch_size: examples per step over all replicas; a multiple of them.
+        shuffle: reshuffle the examples every epoch. Default False.
+        seed: shuffle seed; the same seed gives the same orders. Default None (random);
+            required with `shuffle=True` across several workers (one seed for all).
+        drop_remainder: drop the final partial batch. Default False.
+        pad_remainder: pad the final partial batch (above) rather than split it
+            unevenly. Default True; False for evaluation.
+        shuffle_buffer: shuffle buffer size. Default: the whole dataset when its size
+            is known; required for data of unknown size.
+        augment: a function `(example, seed) -> example` run on every example before
+            batching, where `seed` is a shape-[2] int64 tensor for stateless random ops
+            (`tf.image.stateless_random_flip_left_right(x, seed)`, ...). Each example,
+            hence each replica, gets its own seed, new every epoch and reproducible from
+            `seed` (and the input pipeline). Default None.
+
+    Returns:
+        A `tf.distribute.DistributedDataset`.
+
+    Raises:
+        ValueError: a batch size that does not divide over the replicas, data that is
+            already batched, of unequal lengths, empty, or of an unsupported type, or
+            `shuffle=True` without a seed across several workers.
+
+    Example:
+        >>> import numpy as np, strategykit as sk
+        >>> strategy = sk.mirrored(replicas=2)  # doctest: +SKIP
+        >>> ids = np.arange(10)
+        >>> ds = sk.shard((ids, ids), strategy, global_batch_size=4)  # doctest: +SKIP
+        >>> sk.replica_batches(ds, strategy)  # doctest: +SKIP
+        [[[0, 1], [2, 3]], [[4, 5], [6, 7]], [[8], [9]]]
+    """
+    per_replica_batch_size(strategy, global_batch_size)
+    remainder = "drop" if drop_remainder else ("pad" if pad_remainder else "split")
+    source, size = examples_source(data)
+    if size is not None:
+        check_size(size, global_batch_size, remainder)
+    if shuffle and seed is None and not callable(data) and is_multi_worker(strategy):
+        raise ValueError(
+            "shuffle=True across several workers needs a seed: every worker reads the "
+            "same examples and keeps its replicas' slices, so all must shuffle them into "
+            "the same order. Received: seed=None. Pass seed=<an int>, the same on every "
+            "worker (it still reshuffles every epoch)."
+        )
+    if shuffle and shuffle_buffer is None and size is None:
+        raise ValueError(
+            "shuffle=True needs a shuffle buffer, and the size of this data is unknown. "
+            "Received: shuffle_buffer=None. Pass shuffle_buffer=<number of examples> (or "
+            "less, for a partial shuffle)."
+        )
+
+    pipeline = functools.partial(
+        make_pipeline, global_batch_size=global_batch_size, remainder=remainder,
+        shuffle=shuffle, seed=seed, shuffle_buffer=shuffle_buffer or size,
+        replicas=strategy.num_replicas_in_sync, augment=augment,
+    )
+    if callable(data):
+        distributed = _per_pipeline(
+            strategy, lambda context: pipeline(source(context), context=context))
+    elif remainder == "split":
+        # Uneven per-replica batches need per-replica pipelines: cut by `split_evenly`.
+        distributed = _per_pipeline(
+            strategy, lambda context: pipeline(source(None), size, context=context,
+                                               every_replica=True))
+    else:
+        distributed = strategy.experimental_distribute_dataset(pipeline(source(None)))
+    _WEIGHTED[distributed] = True
+    return distributed
+
+
+def _per_pipeline(strategy, dataset_fn) -> tf.distribute.DistributedDataset:
+    """`distribute_datasets_from_function(dataset_fn)`, its step count as Keras reads it."""
+    distributed = strategy.distribute_datasets_from_function(dataset_fn)
+    count_steps_not_batches(distributed, strategy)
+    return distributed
+
+
+def replica_batches(ds, strategy: tf.distribute.Strategy, steps: int | None = None, *,
+                    padding: bool = False) -> list:
+    """What each replica receives: per step, per replica, the values of the first input.
+
+    Args:
+        ds: a distributed dataset, e.g. from `sk.shard`.
+        strategy: its strategy.
+        steps: steps to read. Default: all (one epoch).
+        padding: include padded examples (sample weight 0). Default False.
+
+    Returns:
+        A list over steps of lists over replicas of lists of values (the first tensor of
+        `x`, as Python values), e.g. example ids.
+
+    Example:
+        >>> import numpy as np, strategykit as sk
+        >>> strategy = sk.mirrored(replicas=2)  # doctest: +SKIP
+        >>> ids = np.arange(10)
+        >>> ds = sk.shard((ids, ids), strategy, global_batch_size=4)  # doctest: +SKIP
+        >>> sk.replica_batches(ds, strategy, steps=2)  # doctest: +SKIP
+        [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]
+    """
+    _check_strategy(strategy)
+    weighted = _WEIGHTED.get(ds, False)
+    result = []
+    for step, element in enumerate(ds):
+        if steps is not None and step >= steps:
+            break
+        x, y, weight = split_labels(element) if weighted else (element, None, None)
+        values = strategy.experimental_local_results(tf.nest.flatten(x)[0])
+        weights = (strategy.experimental_local_results(weight) if weight is not None
+                   else [None] * len(values))
+        result.append([_real_values(v, w, padding) for v, w in zip(values, weights)])
+    return result
+
+
+def _real_values(values, weights, padding):
+    values = np.asarray(values)
+    if weights is not None and not padding:
+        weights = np.asarray(weights)  # (B,), or (B, 1, 1) for label maps
+        values = values[np.any(weights > 0, axis=tuple(range(1, weights.ndim)))]
+    return values.tolist()
+
+
+def _check_strategy(strategy):
+    if not isinstance(strategy, tf.distribute.Strategy):
+        raise ValueError(
+            f"strategy must be a tf.distribute.Strategy. Received: {type(strategy).__name__}. "
+            "Build one with sk.mirrored() or sk.from_env()."
+        )

@@ -1,0 +1,93 @@
+"""The precision of `sk.check`: both runs in float64, the user's dtype policy restored.
+
+`check` builds and trains both models under the global dtype policy it is given
+(`"float64"` by default), casts floating-point data to it, and restores the user's policy
+afterwards, also when it raises. Layers that pin their own dtype keep it; they are found
+here and reported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from strategykit.equivalence import weight_differences as differ
+
+DTYPES = ("float64", "float32", None)
+"""The valid values of `check(dtype=...)`."""
+
+
+@contextlib.contextmanager
+def global_dtype_policy(dtype: str | None):
+    """Sets Keras's global dtype policy to `dtype` inside; restores it afterwards."""
+    if dtype is None:
+        yield
+        return
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(dtype)
+    try:
+        yield
+    finally:
+        keras.config.set_dtype_policy(previous)
+
+
+def cast_floats(data, dtype: str | None):
+    """`data` with its floating-point arrays cast to `dtype` (integer labels kept)."""
+    if dtype is None:
+        return data
+
+    def cast(array):
+        array = np.asarray(array)
+        return array.astype(dtype) if np.issubdtype(array.dtype, np.floating) else array
+
+    return tf.nest.map_structure(cast, data)
+
+
+def other_dtype_layers(model: keras.Model, dtype: str | None) -> dict:
+    """Layers computing or keeping weights in a floating dtype other than `dtype`.
+
+    Warns when there are any: their rounding stays.
+
+    Raises:
+        ValueError: some weights are in `dtype` and others are not. tf.distribute's
+            batched all-reduce (ring, hierarchical copy) packs every gradient into one
+            tensor and fails on mixed dtypes (checked on TF 2.21).
+    """
+    if dtype is None:
+        return {}
+    found = {
+        name: layer.dtype_policy.name for name, layer in differ.flat_layers(model)
+        if not isinstance(layer, keras.layers.InputLayer)
+        and any(keras.backend.is_float_dtype(d) and d != dtype
+                for d in (layer.compute_dtype, layer.variable_dtype))
+    }
+    weight_dtypes = {w.dtype for w in model.weights if keras.backend.is_float_dtype(w.dtype)}
+    if len(weight_dtypes) > 1:
+        pinned = [name for name, layer in differ.flat_layers(model)
+                  if any(w.dtype != dtype for w in layer.weights)]
+        raise ValueError(
+            f"sk.check builds the model in {dtype}, but layers {pinned[:3]}"
+            f"{' and more' if len(pinned) > 3 else ''} pin weights in another dtype, and "
+            f"tf.distribute cannot all-reduce gradients of mixed dtypes. Received: "
+            f"dtype={dtype!r}, weights in {sorted(weight_dtypes)}. Build those layers "
+            "without dtype= inside model_fn, or pass dtype=None to check in your own "
+            "dtype policy (its rounding may then decide the verdict on deep nets)."
+        )
+    if found:
+        warnings.warn(other_dtypes_text(found, dtype), stacklevel=3)
+    return found
+
+
+def other_dtypes_text(layers: dict, dtype: str) -> str:
+    shown = ", ".join(f"{name} ({policy})" for name, policy in list(layers.items())[:3])
+    more = f" and {len(layers) - 3} more" if len(layers) > 3 else ""
+    return (
+        f"sk.check compared in {dtype}, but {len(layers)} layers pin their own dtype: "
+        f"{shown}{more}. Their rounding can decide the verdict on deep nets. Build the "
+        "model inside model_fn without an explicit dtype (configs of loaded or cloned "
+        "models carry theirs)."
+    )

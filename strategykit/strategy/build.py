@@ -1,0 +1,205 @@
+"""The right `tf.distribute` strategy in one call: `mirrored()` and `from_env()`."""
+
+from __future__ import annotations
+
+import itertools
+
+import tensorflow as tf
+
+from strategykit import upstream
+from strategykit.cluster import slurm
+from strategykit.cluster.tf_config import count_workers, read_tf_config
+from strategykit.strategy import devices as _devices
+
+CROSS_DEVICE_OPS = ("auto", "nccl", "hierarchical_copy", "reduce_to_one_device")
+"""The valid string values of `cross_device_ops`."""
+
+# TensorFlow starts the collective group keys of every MirroredStrategy at 1. Two
+# strategies over different device sets in one process (a notebook cell re-run with
+# another replica count, a test suite) then join the same group with different sizes
+# and fail with "Device CPU:0 is joining a group with size 4, but that group has size
+# 2". MirroredStrategy reads its key base from the attribute `_collective_key_base` of
+# the strategy object when it is built; giving each strategy its own range of keys makes
+# them independent. This is the one place strategykit relies on a private TensorFlow
+# attribute; tests/test_strategy.py fails if upstream changes it.
+_COLLECTIVE_KEYS_PER_STRATEGY = 100_000
+_strategies_built = itertools.count(1)
+
+
+def mirrored(
+    devices: list[str] | None = None,
+    *,
+    replicas: int | None = None,
+    cross_device_ops: str | tf.distribute.CrossDeviceOps = "auto",
+) -> tf.distribute.MirroredStrategy:
+    """Builds a `tf.distribute.MirroredStrategy` for this machine.
+
+    Without arguments it uses every local GPU, or the CPU when there is none. With
+    `replicas=N` it gives N replicas whatever the hardware: the first N GPUs when there
+    are that many, otherwise logical devices made by splitting the CPU (no GPU) or the
+    GPUs (virtual GPUs of `devices.DEFAULT_VIRTUAL_GPU_MEMORY_MB` each). Splitting is
+    only possible before TensorFlow's runtime starts, so call it first in a process.
+
+    Strategies built here are independent of each other: building a 2-replica and then
+    a 4-replica strategy in one process (a re-run notebook cell) works. Building one
+    installs strategykit's fixes of upstream gaps (`strategykit/upstream/`; e.g.
+    Keras's `gradient_accumulation_steps` under a strategy), as `from_env()` does.
+
+    Args:
+        devices: device names such as `["/gpu:0", "/gpu:1"]`. Default: as described
+            above. Cannot be combined with `replicas`.
+        replicas: number of replicas, at least 1. Default: every GPU, or 1 CPU.
+        cross_device_ops: how gradients are all-reduced: `"auto"` (default; NCCL on
+            GPUs, TensorFlow's collective ring on CPUs), `"nccl"` (GPUs only),
+            `"hierarchical_copy"`, `"reduce_to_one_device"`, or a
+            `tf.distribute.CrossDeviceOps` instance.
+
+    Returns:
+        A `tf.distribute.MirroredStrategy`.
+
+    Raises:
+        ValueError: an invalid `replicas` or `cross_device_ops`, both `devices` and
+            `replicas`, or `"nccl"` on a machine without GPUs.
+        RuntimeError: TensorFlow has already started with too few devices for `replicas`.
+
+    Example:
+        >>> import strategykit as sk
+        >>> strategy = sk.mirrored(replicas=2)  # doctest: +SKIP
+        >>> strategy.num_replicas_in_sync  # doctest: +SKIP
+        2
+    """
+    if devices is not None and replicas is not None:
+        raise ValueError(
+            f"Pass either devices or replicas, not both. Received: devices={devices!r}, "
+            f"replicas={replicas!r}. Use devices=[...] to name them, or replicas=N to get N."
+        )
+    if replicas is not None:
+        _check_replicas(replicas)
+    ops = _cross_device_ops(cross_device_ops)
+    if devices is None:
+        devices = _default_devices(replicas)
+    elif isinstance(devices, str) or not devices:
+        raise ValueError(
+            f"devices must be a non-empty list of device names. Received: devices="
+            f"{devices!r}. Use e.g. devices=['/gpu:0', '/gpu:1']."
+        )
+    return _build_mirrored(list(devices), ops)
+
+
+def from_env(*, cross_device_ops: str | tf.distribute.CrossDeviceOps = "auto"):
+    """Builds the strategy the environment asks for: several workers, or one machine.
+
+    In order, the first that applies:
+
+    1. `TF_CONFIG`, when set (by you, by `strategykit launch` or by a Kubernetes
+       training operator): a cluster of more than one worker makes this process one
+       worker of a `tf.distribute.MultiWorkerMirroredStrategy`; one worker, `mirrored()`.
+       `TF_CONFIG` always wins over SLURM.
+    2. SLURM: in a task of a job step of several tasks (`srun -n 4 python train.py`),
+       one worker per task of a `MultiWorkerMirroredStrategy` over the step's nodes
+       (`strategykit.cluster.slurm.slurm_resolver()`; the tasks of a node listen on ports from
+       `STRATEGYKIT_PORT`, default 8888). A one-task step is one machine.
+    3. One machine: `mirrored()`, every local GPU or the CPU.
+
+    Args:
+        cross_device_ops: `"auto"` (default) or `"nccl"` across workers; on a single
+            machine any value `mirrored()` takes.
+
+    Returns:
+        A `tf.distribute.MultiWorkerMirroredStrategy` or a `tf.distribute.MirroredStrategy`.
+
+    Raises:
+        ValueError: `TF_CONFIG` is malformed (the message names the bad field), a SLURM
+            variable or `STRATEGYKIT_PORT` is malformed, or `cross_device_ops` is neither
+            `"auto"` nor `"nccl"` across workers.
+        RuntimeError: under SLURM, the node list cannot be expanded (Slurm's `scontrol`
+            is missing or fails) or a task is on another node than expected.
+
+    Example:
+        >>> import strategykit as sk
+        >>> strategy = sk.from_env()  # no TF_CONFIG, not under srun: one machine
+        >>> strategy.num_replicas_in_sync  # doctest: +SKIP
+        1
+
+        On every worker, e.g. `srun -N 2 --ntasks-per-node=1 python train.py`, or with
+        `TF_CONFIG='{"cluster": {"worker": ["host1:12345", "host2:12345"]}, "task":
+        {"type": "worker", "index": 0}}'` on host1 (index 1 on host2), the same call
+        returns one worker of a `MultiWorkerMirroredStrategy`.
+    """
+    config = read_tf_config()
+    if not config and slurm.slurm_tasks() > 1:
+        options = _multi_worker_options(cross_device_ops)
+        resolver = slurm.slurm_resolver()
+        upstream.install()
+        return tf.distribute.MultiWorkerMirroredStrategy(
+            cluster_resolver=resolver, communication_options=options
+        )
+    if count_workers(config) <= 1:
+        return mirrored(cross_device_ops=cross_device_ops)
+    upstream.install()
+    return tf.distribute.MultiWorkerMirroredStrategy(
+        communication_options=_multi_worker_options(cross_device_ops)
+    )
+
+
+def _check_replicas(replicas) -> None:
+    if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
+        raise ValueError(
+            f"replicas must be a positive integer. Received: replicas={replicas!r}. "
+            "Use e.g. replicas=2."
+        )
+
+
+def _default_devices(replicas: int | None) -> list[str]:
+    gpus = _devices.physical_devices("GPU")
+    if replicas is None:
+        return [f"/gpu:{i}" for i in range(len(gpus))] or ["/cpu:0"]
+    device_type = "GPU" if gpus else "CPU"
+    if len(gpus) >= replicas:
+        return [f"/gpu:{i}" for i in range(replicas)]
+    return _devices.ensure_logical_devices(device_type, replicas)
+
+
+def _cross_device_ops(choice):
+    if isinstance(choice, tf.distribute.CrossDeviceOps):
+        return choice
+    if choice not in CROSS_DEVICE_OPS:
+        raise ValueError(
+            f"Unknown cross_device_ops. Received: cross_device_ops={choice!r}. Use one of "
+            f"{', '.join(repr(c) for c in CROSS_DEVICE_OPS)}, or a "
+            "tf.distribute.CrossDeviceOps instance."
+        )
+    if choice == "auto":
+        return None
+    if choice == "nccl":
+        if not _devices.physical_devices("GPU"):
+            raise ValueError(
+                "cross_device_ops='nccl' needs GPUs, and this machine has none. Received: "
+                "cross_device_ops='nccl'. Use 'auto' (collective ring on CPUs) or "
+                "'reduce_to_one_device'."
+            )
+        return tf.distribute.NcclAllReduce()
+    if choice == "hierarchical_copy":
+        return tf.distribute.HierarchicalCopyAllReduce()
+    return tf.distribute.ReductionToOneDevice()
+
+
+def _multi_worker_options(choice) -> tf.distribute.experimental.CommunicationOptions:
+    implementations = {
+        "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
+        "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL,
+    }
+    if isinstance(choice, tf.distribute.CrossDeviceOps) or choice not in implementations:
+        raise ValueError(
+            f"Across several workers cross_device_ops must be 'auto' or 'nccl'. Received: "
+            f"cross_device_ops={choice!r}. Use 'auto' (NCCL on GPUs, ring otherwise)."
+        )
+    return tf.distribute.experimental.CommunicationOptions(implementation=implementations[choice])
+
+
+def _build_mirrored(devices, cross_device_ops):
+    upstream.install()  # strategykit's fixes of Keras/TF gaps (see strategykit/upstream/)
+    strategy = tf.distribute.MirroredStrategy.__new__(tf.distribute.MirroredStrategy)
+    strategy._collective_key_base = next(_strategies_built) * _COLLECTIVE_KEYS_PER_STRATEGY
+    strategy.__init__(devices=devices, cross_device_ops=cross_device_ops)
+    return strategy

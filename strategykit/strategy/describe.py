@@ -1,0 +1,103 @@
+"""`describe(strategy)`: what a `tf.distribute` strategy runs on, as a plain dict."""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from strategykit.strategy import devices as _devices
+
+
+def describe(strategy: tf.distribute.Strategy | None = None) -> dict:
+    """Says what a strategy runs on.
+
+    Args:
+        strategy: any `tf.distribute.Strategy`. Default: the current one
+            (`tf.distribute.get_strategy()`, the default strategy outside any scope).
+
+    Returns:
+        A dict with keys `strategy` (class name), `replicas` (replicas in sync over all
+        workers), `devices` (this worker's devices), `all_reduce` (the implementation
+        that combines gradients: `"collective ring"`, `"collective nccl"`, `"nccl"`,
+        `"hierarchical_copy"`, `"reduce_to_one_device"`, `"collective auto"` or
+        `"none"` for one device), `workers` (processes taking part) and `simulated`
+        (whether several replicas share one physical device as logical devices).
+
+    Example:
+        >>> import strategykit as sk
+        >>> sk.describe()["replicas"]
+        1
+    """
+    strategy = strategy or tf.distribute.get_strategy()
+    names = _device_names(strategy)
+    return {
+        "strategy": _public_name(strategy),
+        "replicas": strategy.num_replicas_in_sync,
+        "devices": names,
+        "all_reduce": _all_reduce_name(strategy),
+        "workers": _count_workers(strategy),
+        "simulated": _is_simulated(names),
+    }
+
+
+# The strategies whose devices are known, by their names under `tf.distribute` (the
+# class behind MultiWorkerMirroredStrategy is called CollectiveAllReduceStrategy).
+_PUBLIC_NAMES = {
+    tf.distribute.OneDeviceStrategy: "OneDeviceStrategy",
+    tf.distribute.MirroredStrategy: "MirroredStrategy",
+    tf.distribute.MultiWorkerMirroredStrategy: "MultiWorkerMirroredStrategy",
+}
+
+
+def _public_name(strategy) -> str:
+    for cls, name in _PUBLIC_NAMES.items():
+        if isinstance(strategy, cls):
+            return name
+    return type(strategy).__name__
+
+
+def _device_names(strategy) -> list[str]:
+    if isinstance(strategy, tuple(_PUBLIC_NAMES)):
+        return list(strategy.extended.worker_devices)
+    first_gpu = _devices.logical_device_names("GPU")[:1]
+    return first_gpu or _devices.logical_device_names("CPU")[:1]
+
+
+def _count_workers(strategy) -> int:
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None:
+        return 1
+    cluster = resolver.cluster_spec().as_dict()
+    return max(1, len(cluster.get("chief", [])) + len(cluster.get("worker", [])))
+
+
+def _is_simulated(names: list[str]) -> bool:
+    """Several of the strategy's devices of one type, but fewer physical ones."""
+    for device_type in ("CPU", "GPU"):
+        used = sum(f"{device_type}:" in name.upper() for name in names)
+        if used > 1 and used > len(_devices.physical_devices(device_type)):
+            return True
+    return False
+
+
+def _all_reduce_name(strategy) -> str:
+    # TensorFlow has no public accessor for the all-reduce a strategy uses. This reads
+    # two private attributes of the strategy's `extended`, here and nowhere else;
+    # tests/test_describe.py fails if upstream renames them.
+    if strategy.num_replicas_in_sync == 1 and not isinstance(
+        strategy, tf.distribute.MultiWorkerMirroredStrategy
+    ):
+        return "none"
+    extended = strategy.extended
+    ops = getattr(extended, "_cross_device_ops", None)
+    by_class = {
+        tf.distribute.NcclAllReduce: "nccl",
+        tf.distribute.HierarchicalCopyAllReduce: "hierarchical_copy",
+        tf.distribute.ReductionToOneDevice: "reduce_to_one_device",
+    }
+    for cls, name in by_class.items():
+        if type(ops) is cls:
+            return name
+    options = getattr(extended, "_communication_options", None)
+    if options is None:
+        return "unknown"
+    return f"collective {options.implementation.name.lower()}"

@@ -1,0 +1,104 @@
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from strategykit.cli import commands as cli
+
+# TensorFlow's C++ log format: `I1123 16:39:56.123456 ...`, or before its logging starts
+# `I0000 00:00:1795452128.332057 ...`; and absl's notice that comes with the latter.
+TF_LOG_LINE = re.compile(r"[IWEF]\d{4} \d\d:\d\d:\d|WARNING: All log messages before absl")
+
+
+def run_fresh(*args, **env):
+    """Runs Python in a fresh process with no logging variables (plus `env`)."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("TF_CPP", "ABSL"))}
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True,
+                          timeout=300, env={**clean, **env})
+
+
+def tf_log_lines(result) -> list[str]:
+    return [line for line in (result.stdout + result.stderr).splitlines()
+            if TF_LOG_LINE.match(line)]
+
+
+def test_info_json_describes_the_strategy_for_the_replicas_asked(capsys):
+    assert cli.main(["info", "--replicas", "4", "--json"]) == 0
+    facts = json.loads(capsys.readouterr().out)
+    assert facts["strategy"]["replicas"] == 4
+    assert facts["strategy"]["simulated"] is True
+    assert facts["physical_devices"] == {"CPU": 1, "GPU": 0}
+    assert len(facts["logical_devices"]["CPU"]) == 4
+    assert facts["tensorflow"] and facts["keras"]
+
+
+def test_info_table_has_one_aligned_row_per_fact(capsys):
+    cli.main(["info", "--replicas", "2"])
+    lines = capsys.readouterr().out.splitlines()
+    rows = dict(re.split(r"\s{2,}", line, maxsplit=1) for line in lines)
+    assert rows["Replicas"] == "2"
+    assert rows["All-reduce"] == "collective ring"
+    assert rows["Simulated devices"] == "yes"
+    value_columns = {line.index(value) for line, value in zip(lines, rows.values())}
+    assert len(value_columns) == 1
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "two"])
+def test_info_rejects_a_replica_count_that_is_not_positive(capsys, value):
+    with pytest.raises(SystemExit):
+        cli.main(["info", "--replicas", value])
+    assert f"must be a positive integer, received '{value}'" in capsys.readouterr().err
+
+
+def test_installed_command_shows_four_replicas_on_a_machine_without_gpus():
+    # A fresh process, as a user runs it: the command itself splits the CPU.
+    result = subprocess.run(
+        [sys.executable, "-m", "strategykit.cli", "info", "--replicas", "4", "--json"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout)["strategy"]["replicas"] == 4
+
+
+def test_the_command_prints_no_tensorflow_log_line_unless_verbose():
+    quiet = run_fresh("-m", "strategykit_console", "info", "--replicas", "2")
+    assert quiet.returncode == 0, quiet.stderr[-3000:]
+    assert "Replicas           2" in quiet.stdout
+    assert tf_log_lines(quiet) == []
+    # The control: where TensorFlow logs at all, --verbose shows it as TensorFlow prints.
+    if tf_log_lines(run_fresh("-c", "import tensorflow as tf; tf.constant(1)")):
+        verbose = run_fresh("-m", "strategykit_console", "info", "--verbose")
+        assert verbose.returncode == 0
+        assert tf_log_lines(verbose)
+
+
+def test_the_filter_keeps_every_other_line_of_stderr():
+    result = run_fresh("-c", """if True:
+        import sys, strategykit_console
+        strategykit_console.quiet_tensorflow()
+        sys.stderr.write("kept 1\\nI0000 00:00:17.5  12 port.cc:153] dropped\\n")
+        sys.stderr.write("E1123 16:39:56.123456  99 cuda_platform.cc:52] dropped\\nkept 2")
+        print("out")
+    """)
+    assert result.stderr == "kept 1\nkept 2"
+    assert result.stdout == "out\n"
+
+
+SETTINGS = """
+import logging, os
+before = os.fstat(2)
+{imports}
+print(os.environ.get("TF_CPP_MIN_LOG_LEVEL"), os.fstat(2) == before,
+      logging.getLogger("tensorflow").level, logging.getLogger().level)
+"""
+
+
+def test_importing_the_library_changes_no_logging_setting():
+    plain = run_fresh("-c", SETTINGS.format(imports="import tensorflow"))
+    library = run_fresh("-c", SETTINGS.format(
+        imports="import strategykit as sk; sk.mirrored(replicas=2)"))
+    assert library.stdout.split()[:2] == ["None", "True"]
+    assert library.stdout == plain.stdout

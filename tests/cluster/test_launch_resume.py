@@ -1,0 +1,137 @@
+"""A killed worker costs nothing: `strategykit launch --restarts` + `BackupAndRestore`.
+
+Two worker processes train 6 epochs under `strategykit launch`; one of them dies by
+SIGKILL (at the start of epoch 3, or while the chief writes a backup). With a restart
+the job resumes after the last complete backup, does no epoch twice, and ends with the
+weights of one device trained without interruption on the global batch (which equals an
+uninterrupted 2-worker run: tests/test_multi_worker.py). Each launcher runs in its own
+process group, killed with it when the test's timeout passes.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from test_multi_worker import PER_REPLICA, build_model, training_data
+
+from workers import TEST_PATHS
+
+EPOCHS = 6
+TIMEOUT = 300
+
+_WORKER = """
+import json, os, signal, sys, time
+sys.path[:0] = {tests!r}
+import keras
+import strategykit as sk
+from test_launch_resume import EPOCHS
+from test_multi_worker import PER_REPLICA, build_model, training_data
+
+out, how = sys.argv[1], sys.argv[2]
+attempt, worker = int(os.environ["STRATEGYKIT_RESTART"]), int(os.environ["STRATEGYKIT_WORKER"])
+first_attempt = attempt == 0
+
+
+def die():
+    with open(f"{{out}}/killed", "w") as file:
+        file.write(str(time.time()))
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+class Record(keras.callbacks.Callback):
+    def on_epoch_begin(self, epoch, logs=None):
+        if sk.is_chief():
+            with open(f"{{out}}/epochs-{{attempt}}", "a") as file:
+                file.write(f"{{epoch}}\\n")
+        if how == "at-epoch-3" and first_attempt and worker == 1 and epoch == 3:
+            die()
+
+
+if how == "while-writing" and first_attempt and worker == 0:
+    save_weights = keras.Model.save_weights
+
+    def torn_save(model, filepath, *args, **kwargs):  # the backup after epoch 2: torn
+        if ".writing" in str(filepath) and model.optimizer.iterations.numpy() == 18:
+            with open(filepath, "wb") as file:
+                file.write(b"\\x89HDF\\r\\n")
+            die()
+        return save_weights(model, filepath, *args, **kwargs)
+
+    keras.Model.save_weights = torn_save
+
+strategy = sk.from_env()
+x, y = training_data()
+with strategy.scope():
+    model = build_model()
+model.fit(sk.shard((x, y), strategy, global_batch_size=PER_REPLICA * 2), epochs=EPOCHS,
+          verbose=0, shuffle=False,
+          callbacks=[Record(), sk.callbacks.BackupAndRestore(f"{{out}}/backup")])
+if sk.is_chief():
+    with open(f"{{out}}/weights.json", "w") as file:
+        json.dump([w.tolist() for w in model.get_weights()], file)
+"""
+
+
+def _launch(tmp_path, how, *launch_options):
+    out = tmp_path / "out"
+    out.mkdir()
+    script = tmp_path / "train.py"
+    script.write_text(_WORKER.format(tests=TEST_PATHS))
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "strategykit_console", "launch", "--workers", "2",
+         *launch_options, "--", sys.executable, str(script), str(out), how],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    try:
+        _, err = launcher.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(launcher.pid, signal.SIGKILL)
+        launcher.communicate()
+        pytest.fail(f"strategykit launch still running after {TIMEOUT} s; killed")
+    return launcher.returncode, err, time.time(), out
+
+
+def _epochs(out, attempt):
+    return [int(line) for line in (out / f"epochs-{attempt}").read_text().split()]
+
+
+def _assert_uninterrupted_weights(out):
+    x, y = training_data()
+    reference = build_model()
+    reference.fit(x, y, batch_size=PER_REPLICA * 2, epochs=EPOCHS, verbose=0, shuffle=False)
+    weights = json.loads((out / "weights.json").read_text())
+    for got, expected in zip(weights, reference.get_weights()):
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_restart_resumes_after_the_last_epoch_with_the_uninterrupted_weights(tmp_path):
+    code, err, _, out = _launch(tmp_path, "at-epoch-3", "--restarts", "1")
+    assert code == 0, err[-4000:]
+    assert "worker 1 was killed by signal SIGKILL" in err
+    assert "restarting the job (restart 1 of 1)" in err
+    assert _epochs(out, 0) == [0, 1, 2, 3]  # died at the start of epoch 3
+    assert _epochs(out, 1) == [3, 4, 5]  # epochs 0-2 not redone
+    _assert_uninterrupted_weights(out)
+    assert not (out / "backup").exists()  # deleted at the end of training
+
+
+def test_a_chief_killed_while_writing_a_backup_resumes_from_the_one_before(tmp_path):
+    code, err, _, out = _launch(tmp_path, "while-writing", "--restarts", "1")
+    assert code == 0, err[-4000:]
+    assert "worker 0 was killed by signal SIGKILL" in err
+    assert _epochs(out, 0) == [0, 1, 2]  # killed writing the backup after epoch 2
+    assert _epochs(out, 1) == [2, 3, 4, 5]  # from the backup after epoch 1
+    _assert_uninterrupted_weights(out)
+
+
+def test_without_restarts_the_launcher_exits_non_zero_naming_the_worker(tmp_path):
+    code, err, ended, out = _launch(tmp_path, "at-epoch-3")
+    assert code != 0
+    assert "worker 1 was killed by signal SIGKILL" in err
+    assert ended - float((out / "killed").read_text()) < 60
+    assert not (out / "weights.json").exists()

@@ -1,0 +1,58 @@
+"""The package's layout: each part imports only the parts below it, and each says what it is.
+
+The parts, lowest first. A part may import the parts before it in `LAYERS`, never one
+after it, so the import graph has no cycle and a part can be read (and tested) with
+only the parts below it in mind.
+"""
+
+import ast
+import pathlib
+
+import pytest
+
+import strategykit
+
+PACKAGE = pathlib.Path(strategykit.__file__).parent
+LAYERS = ["cluster", "upstream", "strategy", "data", "batchnorm", "callbacks", "equivalence",
+          "cli"]
+
+
+def _parts():
+    return sorted(path.name for path in PACKAGE.iterdir()
+                  if (path / "__init__.py").is_file())
+
+
+def _imported_parts(path: pathlib.Path) -> set[str]:
+    """The parts of strategykit that the module at `path` imports, its own included."""
+    parts = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        for name in names:
+            pieces = name.split(".")
+            if pieces[0] == "strategykit" and len(pieces) > 1 and pieces[1] in LAYERS:
+                parts.add(pieces[1])
+    return parts
+
+
+def test_every_part_is_a_layer_and_the_top_level_holds_only_the_api():
+    assert _parts() == sorted(LAYERS)
+    assert sorted(path.name for path in PACKAGE.glob("*.py")) == ["__init__.py"]
+
+
+@pytest.mark.parametrize("part", LAYERS)
+def test_a_part_imports_only_the_parts_below_it(part):
+    allowed = set(LAYERS[:LAYERS.index(part) + 1])
+    for module in sorted((PACKAGE / part).glob("*.py")):
+        upward = _imported_parts(module) - allowed
+        assert not upward, f"{module.relative_to(PACKAGE)} imports {sorted(upward)}, " \
+            f"above {part!r} in {LAYERS}"
+
+
+@pytest.mark.parametrize("part", LAYERS)
+def test_each_part_opens_with_a_docstring_of_what_it_holds(part):
+    docstring = ast.get_docstring(ast.parse((PACKAGE / part / "__init__.py").read_text()))
+    assert docstring and len(docstring.splitlines()) >= 3, part
