@@ -6,6 +6,7 @@ imports TensorFlow. Tests build strategies over `/cpu:0` .. `/cpu:N-1` with the
 in a fresh process.
 """
 
+import contextlib
 import os
 import re
 import subprocess
@@ -15,11 +16,30 @@ import textwrap
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import pytest  # noqa: E402
-import tensorflow as tf  # noqa: E402
+
+
+@contextlib.contextmanager
+def _stderr_silenced():
+    """File descriptor 2 to /dev/null: TensorFlow's C++ start-up lines ignore
+    TF_CPP_MIN_LOG_LEVEL, and pytest-xdist's workers import this file before pytest
+    captures their output, so they would reach the terminal."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(os.devnull, "w") as devnull:
+        os.dup2(devnull.fileno(), 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
 
 LOGICAL_CPUS = 4
 
-_cpu = tf.config.list_physical_devices("CPU")[0]
+with _stderr_silenced():
+    import tensorflow as tf
+
+    _cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(
     _cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(LOGICAL_CPUS)]
 )
