@@ -8,13 +8,16 @@ imports neither TensorFlow nor Keras.
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
 
+from strategykit.cluster.orphan_guard import guarded
 from strategykit.cluster.worker_env import count, find_gpus, free_ports, gpu_assignment, worker_env
 from strategykit.cluster.worker_output import LineForwarder, Terminal, forward
 
@@ -52,7 +55,9 @@ def launch(command: Sequence[str], workers: int, restarts: int = 0, port: int | 
     `GRACE_SECONDS` (3 s) later; the launcher says on stderr which worker died and how,
     then starts the whole job again while restarts are left. SIGINT or SIGTERM to the
     launcher stops all workers the same way. When the job ends, nothing is left running
-    in any worker's process group.
+    in any worker's process group. On Linux a launcher killed by SIGKILL (which it cannot
+    catch) takes its workers with it: the kernel sends each SIGKILL
+    (`strategykit.cluster.orphan_guard`).
 
     Args:
         command: the program and its arguments, e.g. `["python", "train.py"]`.
@@ -175,13 +180,23 @@ def _first_failed(codes: list[int | None]) -> int | None:
 
 
 def _start(command: list[str], env: dict[str, str]) -> subprocess.Popen:
+    """Starts one worker in a process group of its own, guarded to die with the launcher."""
+    program = command[0]
+    if shutil.which(program, path=env.get("PATH")) is None:
+        # Checked here: through the guard, a missing program would show only as exit 127.
+        reason = errno.EACCES if os.path.isfile(program) else errno.ENOENT
+        raise _cannot_start(command, os.strerror(reason))
     try:
-        return subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                start_new_session=True)
+        return subprocess.Popen(guarded(command, os.getpid()), env=env,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, start_new_session=True)
     except OSError as error:
-        raise ValueError(f"cannot start {command[0]!r}: {error.strerror}. Received: "
-                         f"command={command}. Check the command after --.") from error
+        raise _cannot_start(command, error.strerror) from error
+
+
+def _cannot_start(command: list[str], reason: str) -> ValueError:
+    return ValueError(f"cannot start {command[0]!r}: {reason}. Received: "
+                     f"command={command}. Check the command after --.")
 
 
 def _stop(processes: list[subprocess.Popen]) -> list[int]:

@@ -269,6 +269,35 @@ def test_a_signal_to_the_launcher_stops_every_worker(job, signum, code):
     assert not any(alive(facts["pid"]) for facts in job.records().values())
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_launcher_killed_by_sigkill_leaves_no_worker_running(job):
+    job.worker("""
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # only SIGKILL stops this worker
+        time.sleep(600)
+    """)
+    launcher = job.start("--workers", "2")
+    job.wait_for("0-0", "0-1")
+    pids = [job.records()[f"0-{k}"]["pid"] for k in range(2)]
+    os.kill(launcher.pid, signal.SIGKILL)
+    killed = time.monotonic()
+    launcher.communicate(timeout=TIMEOUT)
+    while any(map(alive, pids)) and time.monotonic() - killed < 10:
+        time.sleep(0.05)
+    assert not any(map(alive, pids)), "workers still running 10 s after the launcher died"
+
+
+def test_a_guarded_worker_is_the_command_itself_in_its_own_group(job):
+    job.worker("""
+        record("identity", group=os.getpgid(0), parent=os.getppid(), argv=sys.argv)
+    """)
+    launcher = job.start("--workers", "1")
+    result = job.finish(launcher)
+    assert result.returncode == 0, result.stderr
+    identity, worker = job.records()["identity"], job.records()["0-0"]
+    assert identity["group"] == worker["pid"]  # exec'd: the guard's pid, group and parent
+    assert identity["argv"] == [str(job.script)]
+
+
 # Bad arguments: exit code 2 and a message naming what was received and the fix.
 
 BAD_ARGUMENTS = [
