@@ -10,8 +10,10 @@ Keras's arguments and Keras's own save and restore code, and changes where they 
   step, to `backup_dir/backup-<n>`; a restore reads the newest complete `backup-<n>`.
   A kill at any moment leaves the previous backup whole.
 * Only the chief writes `backup_dir`. The other workers do the same work into a scratch
-  directory of their own (`strategykit.cluster.chief_files`), so every worker takes part in the
-  same steps, and restore from `backup_dir` as the chief does.
+  directory of their own (`strategykit.cluster.chief_files`), so every worker takes part
+  in the same steps, and restore from `backup_dir` as the chief does.
+* Each backup records the number of replicas and workers that wrote it
+  (`strategykit.json`), so a resume on another number can say when it cannot be exact.
 """
 
 from __future__ import annotations
@@ -20,10 +22,12 @@ import json
 import os
 import re
 import shutil
+import warnings
 
 import keras
 import tensorflow as tf
 
+from strategykit.batchnorm.unsynchronized import unsynchronized_batch_norms
 from strategykit.cluster.chief_files import writable_path
 from strategykit.cluster.roles import is_chief, is_multi_worker
 from strategykit.strategy.reduction import every_replica
@@ -31,6 +35,7 @@ from strategykit.strategy.reduction import every_replica
 _BACKUP = re.compile(r"^backup-(\d+)$")
 _WRITING = ".writing"
 _METADATA = "training_metadata.json"  # what Keras's BackupAndRestore writes and reads
+_WRITTEN_BY = "strategykit.json"  # the replicas and workers that wrote a backup
 
 
 class BackupAndRestore(keras.callbacks.Callback):
@@ -43,6 +48,14 @@ class BackupAndRestore(keras.callbacks.Callback):
     (`sk.from_env()`, `strategykit launch --restarts K`) the chief alone writes
     `backup_dir`, and every worker must be able to read it: on several machines put it
     on a disk they share.
+
+    A backup written by N workers (or replicas) resumes on any other number M, through
+    `strategykit launch --workers M` or a plain run: keep the global batch
+    (`sk.shard(..., global_batch_size=...)`) and the arithmetic of a step is the same,
+    so training goes on exactly as it would have. Only batch norm that is not
+    synchronized normalizes over each replica's share of the global batch, which then
+    changes: resuming such a model on another number of replicas warns once, naming the
+    layers (`sk.convert_sync_batchnorm` makes them exact).
 
     A backup is published atomically (written aside, then renamed), so a process killed
     while writing it leaves the previous backup intact. With `save_freq=N` a restore
@@ -85,9 +98,12 @@ class BackupAndRestore(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         strategy = self.model.distribute_strategy
         self._chief = is_chief(strategy)
-        epoch = self._restore()
+        self._written_by = _written_by(strategy)
+        epoch, backup = self._restore()
         if is_multi_worker(strategy):
             self._check_every_worker_restored(strategy, epoch)
+        if backup and self._chief:
+            self._warn_if_inexact(backup)
         writing = os.path.join(writable_path(self.backup_dir, strategy), _WRITING)
         shutil.rmtree(writing, ignore_errors=True)  # torn by an earlier kill
         self._writer = keras.callbacks.BackupAndRestore(
@@ -114,8 +130,12 @@ class BackupAndRestore(keras.callbacks.Callback):
                           if (m := _BACKUP.match(name)))
         return [os.path.join(self.backup_dir, name) for _, name in numbered]
 
-    def _restore(self) -> int:
-        """Restores the newest readable backup (Keras's own restore); returns its epoch."""
+    def _restore(self) -> tuple[int, str | None]:
+        """Restores the newest readable backup (Keras's own restore).
+
+        Returns:
+            Its epoch and its path; `(0, None)` when there is none.
+        """
         candidates = self.backups()[-2 if self.double_checkpoint else -1:]
         for attempt, backup in enumerate(reversed(candidates)):
             restorer = keras.callbacks.BackupAndRestore(backup, delete_checkpoint=False)
@@ -127,8 +147,29 @@ class BackupAndRestore(keras.callbacks.Callback):
                     raise
                 continue
             with open(os.path.join(backup, _METADATA)) as file:
-                return int(json.load(file)["epoch"])
-        return 0
+                return int(json.load(file)["epoch"]), backup
+        return 0, None
+
+    def _warn_if_inexact(self, backup: str) -> None:
+        """Warns when the backup was written by another number of replicas and the model
+        has batch norm that is not synchronized (its per-replica batch has changed)."""
+        try:
+            with open(os.path.join(backup, _WRITTEN_BY)) as file:
+                then = json.load(file)
+        except FileNotFoundError:  # written before backups recorded it
+            return
+        now = self._written_by
+        layers = unsynchronized_batch_norms(self.model)
+        if then["replicas"] == now["replicas"] or not layers:
+            return
+        warnings.warn(
+            f"Resuming from {backup}, written by {_replicas_text(then)}, on "
+            f"{_replicas_text(now)}: the batch norm layers {layers} are not synchronized, "
+            f"so each normalizes over its replica's share of the global batch, now 1/"
+            f"{now['replicas']} instead of 1/{then['replicas']}. Training goes on, but not "
+            "exactly as the uninterrupted run would have. For an exact resume on any number "
+            "of replicas, synchronize them: model = sk.convert_sync_batchnorm(model).",
+            stacklevel=2)
 
     def _check_every_worker_restored(self, strategy, epoch: int) -> None:
         """Fails on every worker at once unless all restored the same epoch.
@@ -154,9 +195,24 @@ class BackupAndRestore(keras.callbacks.Callback):
         if not self._chief:
             shutil.rmtree(writing)
             return
+        with open(os.path.join(writing, _WRITTEN_BY), "w") as file:
+            json.dump(self._written_by, file)
         existing = self.backups()
         number = int(_BACKUP.match(os.path.basename(existing[-1])).group(1)) + 1 if (
             existing) else 0
         os.rename(writing, os.path.join(self.backup_dir, f"backup-{number:06d}"))
         for old in existing[:len(existing) - (1 if self.double_checkpoint else 0)]:
             shutil.rmtree(old, ignore_errors=True)
+
+
+def _written_by(strategy: tf.distribute.Strategy) -> dict:
+    """The replicas and worker processes of `strategy`, as a backup records them."""
+    replicas = strategy.num_replicas_in_sync
+    local = len(strategy.extended.worker_devices) if is_multi_worker(strategy) else replicas
+    return {"replicas": replicas, "workers": replicas // max(local, 1)}
+
+
+def _replicas_text(written_by: dict) -> str:
+    replicas, workers = written_by["replicas"], written_by["workers"]
+    text = f"{replicas} replica{'s' * (replicas != 1)}"
+    return text + (f" on {workers} workers" if workers > 1 else "")

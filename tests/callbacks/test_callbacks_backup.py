@@ -3,6 +3,8 @@ backup torn by a kill is never read. Across worker processes: tests/test_launch_
 """
 
 import os
+import re
+import warnings
 
 import keras
 import numpy as np
@@ -40,21 +42,28 @@ def _data():
     return x, (x @ np.array([[1.0], [-2.0], [0.5]], "float32") + 1).astype("float32")
 
 
-def _fit(strategy, callbacks, epochs=EPOCHS):
+def _fit(strategy, callbacks, epochs=EPOCHS, sync_bn=False):
     from conftest import bn_regressor
 
     with strategy.scope():
         model = bn_regressor()
-        model.compile(keras.optimizers.Adam(0.01), "mse")  # state to restore
+        if sync_bn:
+            model = sk.convert_sync_batchnorm(model)
+            # SGD: Adam would turn the rounding noise of the bias before the batch norm
+            # (its exact gradient is 0) into steps of the full learning rate.
+            optimizer = keras.optimizers.SGD(0.05, momentum=0.9)
+        else:
+            optimizer = keras.optimizers.Adam(0.01)
+        model.compile(optimizer, "mse")  # both have state to restore
     x, y = _data()
     model.fit(sk.shard((x, y), strategy, global_batch_size=16), epochs=epochs, verbose=0,
               shuffle=False, callbacks=callbacks)
     return model
 
 
-def _assert_same_weights(model, reference):
+def _assert_same_weights(model, reference, tolerance=1e-6):
     for weights, expected in zip(model.get_weights(), reference.get_weights()):
-        np.testing.assert_allclose(weights, expected, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(weights, expected, rtol=tolerance, atol=tolerance)
 
 
 def test_resumes_after_the_last_completed_epoch(make_strategy, tmp_path):
@@ -69,6 +78,56 @@ def test_resumes_after_the_last_completed_epoch(make_strategy, tmp_path):
     assert epochs.seen == [3, 4, 5]  # epochs 0-2 not done again
     _assert_same_weights(resumed, uninterrupted)  # Adam's moments restored too
     assert not os.path.exists(tmp_path / "backup")  # delete_checkpoint=True
+
+
+@pytest.mark.parametrize("written_on, resumed_on", [(4, 2), (1, 4)])
+def test_a_backup_resumes_exactly_on_another_number_of_replicas(
+        make_strategy, tmp_path, written_on, resumed_on):
+    # The same global batch of 16 on every number of replicas; synchronized batch norm
+    # normalizes over all 16 whatever the split, so the steps' arithmetic is the same.
+    uninterrupted = _fit(make_strategy(2), [], sync_bn=True)
+    with pytest.raises(KeyboardInterrupt):
+        _fit(make_strategy(written_on), [sk.callbacks.BackupAndRestore(tmp_path / "b"),
+                                         _Interrupt(3)], sync_bn=True)
+    epochs = _Epochs()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        resumed = _fit(make_strategy(resumed_on),
+                       [sk.callbacks.BackupAndRestore(tmp_path / "b"), epochs], sync_bn=True)
+    assert _inexact(caught) == []  # nothing to warn about: the resume is exact
+    assert epochs.seen == [3, 4, 5]
+    _assert_same_weights(resumed, uninterrupted, tolerance=1e-5)
+
+
+def test_resuming_unsynchronized_batch_norm_on_other_replicas_warns_once(
+        make_strategy, tmp_path):
+    with pytest.raises(KeyboardInterrupt):
+        _fit(make_strategy(2), [sk.callbacks.BackupAndRestore(tmp_path / "b"), _Interrupt(2)])
+    with pytest.warns(UserWarning) as caught:
+        _fit(make_strategy(4), [sk.callbacks.BackupAndRestore(tmp_path / "b")])
+    inexact = _inexact(caught)
+    assert len(inexact) == 1
+    assert re.fullmatch(
+        r"Resuming from .*backup-000001, written by 2 replicas, on 4 replicas: the batch "
+        r"norm layers \['batch_normalization(_\d+)?'\] are not synchronized, so each "
+        r"normalizes over its replica's share of the global batch, now 1/4 instead of 1/2\. "
+        r"Training goes on, but not exactly as the uninterrupted run would have\. For an "
+        r"exact resume on any number of replicas, synchronize them: model = "
+        r"sk\.convert_sync_batchnorm\(model\)\.", inexact[0]), inexact[0]
+
+
+def test_resuming_on_the_same_replicas_does_not_warn(make_strategy, tmp_path):
+    with pytest.raises(KeyboardInterrupt):
+        _fit(make_strategy(2), [sk.callbacks.BackupAndRestore(tmp_path / "b"), _Interrupt(2)])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _fit(make_strategy(2), [sk.callbacks.BackupAndRestore(tmp_path / "b")])
+    assert _inexact(caught) == []
+
+
+def _inexact(caught) -> list[str]:
+    """The messages of the caught warnings that say a resume is not exact."""
+    return [str(w.message) for w in caught if "not synchronized" in str(w.message)]
 
 
 def test_a_backup_torn_by_a_kill_is_never_read(make_strategy, tmp_path, monkeypatch):

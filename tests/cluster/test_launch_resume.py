@@ -4,7 +4,9 @@ Two worker processes train 6 epochs under `strategykit launch`; one of them dies
 SIGKILL (at the start of epoch 3, or while the chief writes a backup). With a restart
 the job resumes after the last complete backup, does no epoch twice, and ends with the
 weights of one device trained without interruption on the global batch (which equals an
-uninterrupted 2-worker run: tests/test_multi_worker.py). Each launcher runs in its own
+uninterrupted 2-worker run: tests/cluster/test_multi_worker.py). A backup of 2 workers
+resumes on 1 (a plain run) and one of 1 on 2 workers with the same weights: the global
+batch stays 16 and batch norm is synchronized. Each launcher and plain run has its own
 process group, killed with it when the test's timeout passes.
 """
 
@@ -33,8 +35,11 @@ from test_launch_resume import EPOCHS
 from test_multi_worker import PER_REPLICA, build_model, training_data
 
 out, how = sys.argv[1], sys.argv[2]
-attempt, worker = int(os.environ["STRATEGYKIT_RESTART"]), int(os.environ["STRATEGYKIT_WORKER"])
+# Under `strategykit launch` or as a plain run (one process: attempt 0, worker 0).
+attempt = int(os.environ.get("STRATEGYKIT_RESTART", "0"))
+worker = int(os.environ.get("STRATEGYKIT_WORKER", "0"))
 first_attempt = attempt == 0
+run = os.environ.get("TEST_RUN", str(attempt))  # names the file of the epochs begun
 
 
 def die():
@@ -46,9 +51,10 @@ def die():
 class Record(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         if sk.is_chief():
-            with open(f"{{out}}/epochs-{{attempt}}", "a") as file:
+            with open(f"{{out}}/epochs-{{run}}", "a") as file:
                 file.write(f"{{epoch}}\\n")
-        if how == "at-epoch-3" and first_attempt and worker == 1 and epoch == 3:
+        victim = {{"at-epoch-3": 1, "chief-at-epoch-3": 0}}.get(how)
+        if first_attempt and worker == victim and epoch == 3:
             die()
 
 
@@ -77,16 +83,16 @@ if sk.is_chief():
 """
 
 
-def _launch(tmp_path, how, *launch_options):
+def _launch(tmp_path, how, *launch_options, run=None):
     out = tmp_path / "out"
-    out.mkdir()
+    out.mkdir(exist_ok=True)
     script = tmp_path / "train.py"
     script.write_text(_WORKER.format(tests=TEST_PATHS))
     launcher = subprocess.Popen(
         [sys.executable, "-m", "strategykit_console", "launch", "--workers", "2",
          *launch_options, "--", sys.executable, str(script), str(out), how],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **({"TEST_RUN": run} if run else {})})
     try:
         _, err = launcher.communicate(timeout=TIMEOUT)
     except subprocess.TimeoutExpired:
@@ -96,8 +102,23 @@ def _launch(tmp_path, how, *launch_options):
     return launcher.returncode, err, time.time(), out
 
 
-def _epochs(out, attempt):
-    return [int(line) for line in (out / f"epochs-{attempt}").read_text().split()]
+def _plain_run(tmp_path, how, run):
+    """Runs the worker script as a plain process (no TF_CONFIG: one worker, one replica)."""
+    command = [sys.executable, str(tmp_path / "train.py"), str(tmp_path / "out"), how]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, start_new_session=True,
+                               env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "TEST_RUN": run})
+    try:
+        _, err = process.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        pytest.fail(f"the plain run still ran after {TIMEOUT} s; killed")
+    return process.returncode, err
+
+
+def _epochs(out, run):
+    return [int(line) for line in (out / f"epochs-{run}").read_text().split()]
 
 
 def _assert_uninterrupted_weights(out):
@@ -129,9 +150,26 @@ def test_a_chief_killed_while_writing_a_backup_resumes_from_the_one_before(tmp_p
     _assert_uninterrupted_weights(out)
 
 
-def test_without_restarts_the_launcher_exits_non_zero_naming_the_worker(tmp_path):
+def test_without_restarts_the_launcher_exits_non_zero_and_one_worker_resumes(tmp_path):
     code, err, ended, out = _launch(tmp_path, "at-epoch-3")
     assert code != 0
     assert "worker 1 was killed by signal SIGKILL" in err
     assert ended - float((out / "killed").read_text()) < 60
     assert not (out / "weights.json").exists()
+    # The backup of 2 workers, resumed by a plain run: 1 worker, the same global batch.
+    code, err = _plain_run(tmp_path, "resume", run="plain")
+    assert code == 0, err[-4000:]
+    assert _epochs(out, "plain") == [3, 4, 5]
+    _assert_uninterrupted_weights(out)
+
+
+def test_a_backup_of_one_process_resumes_on_two_workers(tmp_path):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "train.py").write_text(_WORKER.format(tests=TEST_PATHS))
+    code, _ = _plain_run(tmp_path, "chief-at-epoch-3", run="plain")
+    assert code == -signal.SIGKILL
+    code, err, _, out = _launch(tmp_path, "resume", run="launched")
+    assert code == 0, err[-4000:]
+    assert _epochs(out, "plain") == [0, 1, 2, 3]
+    assert _epochs(out, "launched") == [3, 4, 5]
+    _assert_uninterrupted_weights(out)
