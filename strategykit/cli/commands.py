@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from strategykit.cluster import hang_watch
+
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the `strategykit` command."""
@@ -61,18 +63,23 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_launch(commands, common: argparse.ArgumentParser) -> None:
     launch = commands.add_parser(
         "launch", parents=[common],
-        usage="strategykit launch --workers N [--restarts K] [--port P] "
+        usage="strategykit launch --workers N [--restarts K] [--hang-timeout S] [--port P] "
               "[--gpus-per-worker G] -- COMMAND [ARGS ...]",
         help="run N local worker processes of a command, each with its TF_CONFIG",
         description="Starts N worker processes of COMMAND on this machine, each with its "
                     "TF_CONFIG (worker 0 is the chief), forwards their output prefixed "
-                    "[worker k], and stops them all when one dies.",
+                    "[worker k], and stops them all when one dies or the job hangs.",
     )
     launch.add_argument("--workers", type=int, required=True, metavar="N",
                         help="worker processes")
     launch.add_argument("--restarts", type=int, default=0, metavar="K",
                         help="start the whole job again up to K times when a worker dies "
                              "(default 0)")
+    launch.add_argument("--hang-timeout", type=float, default=hang_watch.DEFAULT_TIMEOUT,
+                        metavar="S",
+                        help="stop (or restart) the job when no worker has made training "
+                             f"progress for S seconds; 0 never (default "
+                             f"{hang_watch.DEFAULT_TIMEOUT:g})")
     launch.add_argument("--port", type=int, default=None, metavar="P",
                         help="worker k listens on port P+k (default: free ports)")
     launch.add_argument("--gpus-per-worker", type=int, default=None, metavar="G",
@@ -155,7 +162,8 @@ def _launch(args) -> int:
 
     command = args.worker_command
     return launch(command[1:] if command[:1] == ["--"] else command, workers=args.workers,
-                  restarts=args.restarts, port=args.port, gpus_per_worker=args.gpus_per_worker)
+                  restarts=args.restarts, port=args.port, gpus_per_worker=args.gpus_per_worker,
+                  hang_timeout=args.hang_timeout)
 
 
 def _add_replicas(parser: argparse.ArgumentParser, help_text: str) -> None:

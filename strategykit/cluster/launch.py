@@ -14,9 +14,11 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 
+from strategykit.cluster import hang_watch, progress_file
 from strategykit.cluster.orphan_guard import guarded
 from strategykit.cluster.worker_env import count, find_gpus, free_ports, gpu_assignment, worker_env
 from strategykit.cluster.worker_output import LineForwarder, Terminal, forward
@@ -30,7 +32,8 @@ _MAX_PORT = 65535
 
 
 def launch(command: Sequence[str], workers: int, restarts: int = 0, port: int | None = None,
-           gpus_per_worker: int | None = None) -> int:
+           gpus_per_worker: int | None = None,
+           hang_timeout: float = hang_watch.DEFAULT_TIMEOUT) -> int:
     """Runs `command` as `workers` worker processes of one job on this machine.
 
     Worker k (worker 0 is the chief) runs in its own process group with the launcher's
@@ -46,7 +49,9 @@ def launch(command: Sequence[str], workers: int, restarts: int = 0, port: int | 
       `G = gpus_per_worker`, by default the GPUs found divided by `workers`; left as it
       is when no GPU is found (on CPUs each worker is one replica), or when there are
       fewer GPUs than workers (every worker sees them all);
-    - `PYTHONUNBUFFERED=1` unless set, so a worker's prints show when they happen.
+    - `PYTHONUNBUFFERED=1` unless set, so a worker's prints show when they happen;
+    - `STRATEGYKIT_PROGRESS_FILE`: where `sk.from_env()` has the worker report its
+      training progress (`strategykit.cluster.progress_reporter`).
 
     Each worker's stdout and stderr lines come out on the launcher's stdout and stderr
     prefixed `[worker k] `; of the progress bars only the chief's is shown (see
@@ -57,7 +62,10 @@ def launch(command: Sequence[str], workers: int, restarts: int = 0, port: int | 
     launcher stops all workers the same way. When the job ends, nothing is left running
     in any worker's process group. On Linux a launcher killed by SIGKILL (which it cannot
     catch) takes its workers with it: the kernel sends each SIGKILL
-    (`strategykit.cluster.orphan_guard`).
+    (`strategykit.cluster.orphan_guard`). A job in which no worker has made training
+    progress for `hang_timeout` seconds (one worker stopped or stuck, the others waiting
+    for it in an all-reduce) is stopped with SIGKILL, the worker to blame named
+    (`strategykit.cluster.hang_watch`), and restarted like a failed one.
 
     Args:
         command: the program and its arguments, e.g. `["python", "train.py"]`.
@@ -66,16 +74,19 @@ def launch(command: Sequence[str], workers: int, restarts: int = 0, port: int | 
         port: worker k listens on `port + k`; default None: free ports.
         gpus_per_worker: GPUs for each worker; 0 hides every GPU (workers on the CPU);
             default None: the GPUs found divided evenly.
+        hang_timeout: seconds without training progress that stop the job; 0 never.
+            Default 300. The watch starts with the first step a worker completes.
 
     Returns:
         The exit code: 0 when every worker exited 0; after the last allowed attempt
         failed, the failed worker's exit code, or 128 + N when it was killed by signal N
-        (as a shell reports it); 130 on SIGINT, 143 on SIGTERM to the launcher.
+        (as a shell reports it), or 124 when it hung; 130 on SIGINT, 143 on SIGTERM to
+        the launcher.
 
     Raises:
         ValueError: a bad argument (no command or a string for one, `workers` < 1,
-            `restarts` < 0, a port out of range, more GPUs asked for than found), or a
-            command that cannot start.
+            `restarts` < 0, `hang_timeout` < 0, a port out of range, more GPUs asked for
+            than found), or a command that cannot start.
 
     Example:
         >>> launch(["python", "-c", "import os; print(os.environ['STRATEGYKIT_WORKER'])"],
@@ -89,7 +100,7 @@ def launch(command: Sequence[str], workers: int, restarts: int = 0, port: int | 
         raise ValueError(f"command must be a list: the program, then its arguments. Received: "
                          f"command={command!r}. Use e.g. {command.split()!r}.")
     command = list(command)
-    _check_arguments(command, workers, restarts, port)
+    _check_arguments(command, workers, restarts, port, hang_timeout)
     gpus = find_gpus()
     devices = gpu_assignment(workers, gpus_per_worker, gpus)
     terminal = Terminal(sys.stdout, sys.stderr)
@@ -101,13 +112,14 @@ def launch(command: Sequence[str], workers: int, restarts: int = 0, port: int | 
             if attempt:
                 terminal.note(f"restarting the job (restart {attempt} of {restarts}).")
             ports = free_ports(workers) if port is None else list(range(port, port + workers))
-            code = _run_job(command, attempt, ports, devices, terminal, stop)
+            code = _run_job(command, attempt, ports, devices, terminal, stop, hang_timeout)
             if code == 0 or stop.signal is not None:
                 break
     return code
 
 
-def _check_arguments(command: list[str], workers: int, restarts: int, port: int | None) -> None:
+def _check_arguments(command: list[str], workers: int, restarts: int, port: int | None,
+                     hang_timeout: float) -> None:
     if not command:
         raise ValueError("no command to run. Received: command=[]. Put the command after "
                          "--: strategykit launch --workers 2 -- python train.py")
@@ -117,6 +129,10 @@ def _check_arguments(command: list[str], workers: int, restarts: int, port: int 
     if restarts < 0:
         raise ValueError(f"restarts cannot be negative. Received: restarts={restarts}. Use "
                          "--restarts 0 (the default) for no restart, or K to allow K.")
+    if hang_timeout < 0:
+        raise ValueError(f"hang_timeout cannot be negative. Received: hang_timeout="
+                         f"{hang_timeout:g}. Use --hang-timeout S for S seconds, or 0 to "
+                         "never stop a job that makes no progress.")
     last = _MAX_PORT - workers + 1
     if port is not None and not 1 <= port <= last:
         raise ValueError(
@@ -126,16 +142,20 @@ def _check_arguments(command: list[str], workers: int, restarts: int, port: int 
 
 
 def _run_job(command: list[str], attempt: int, ports: list[int], devices: list[str | None],
-             terminal: Terminal, stop: _StopSignals) -> int:
+             terminal: Terminal, stop: _StopSignals, hang_timeout: float) -> int:
     """Runs one attempt of the job; returns its exit code (see `launch`)."""
     terminal.note(f"starting {count(len(ports), 'worker')} on localhost, "
                   f"port{'s' * (len(ports) > 1)} {', '.join(map(str, ports))}.")
     processes: list[subprocess.Popen] = []
     readers = []
-    failed = None
+    failed = hung = None
+    reports = tempfile.mkdtemp(prefix="strategykit-progress-")
+    paths = [os.path.join(reports, f"worker-{k}.json") for k in range(len(devices))]
+    watch = hang_watch.HangWatch(paths, hang_timeout)
     try:
         for k, device in enumerate(devices):
-            process = _start(command, worker_env(k, attempt, ports, device))
+            env = {**worker_env(k, attempt, ports, device), progress_file.VARIABLE: paths[k]}
+            process = _start(command, env)
             processes.append(process)
             for stream in ("stdout", "stderr"):
                 pipe = getattr(process, stream)
@@ -146,13 +166,21 @@ def _run_job(command: list[str], attempt: int, ports: list[int], devices: list[s
             failed = _first_failed(codes)
             if failed is not None or all(code == 0 for code in codes):
                 break
+            hung = watch.check(time.time())
+            if hung is not None:  # a stopped process ignores SIGTERM: no grace
+                signal_groups(processes, signal.SIGKILL)
+                break
             time.sleep(_POLL_SECONDS)
     finally:
         stopped = _stop(processes)
+        shutil.rmtree(reports, ignore_errors=True)
         deadline = time.monotonic() + _OUTPUT_SECONDS
         for reader in readers:
             reader.join(max(0.0, deadline - time.monotonic()))
     others = f"; stopped the other {count(len(stopped), 'worker')}" if stopped else ""
+    if hung is not None:
+        terminal.note(f"{hung}; stopped the job.")
+        return hang_watch.EXIT_CODE
     if stop.signal is not None:
         terminal.note(f"received {signal.Signals(stop.signal).name}; stopped "
                       f"{count(len(stopped), 'worker')}.")

@@ -7,7 +7,7 @@ import itertools
 import tensorflow as tf
 
 from strategykit import upstream
-from strategykit.cluster import slurm
+from strategykit.cluster import progress_reporter, slurm
 from strategykit.cluster.tf_config import count_workers, read_tf_config
 from strategykit.strategy import devices as _devices
 
@@ -125,7 +125,11 @@ def from_env(*, cross_device_ops: str | tf.distribute.CrossDeviceOps = "auto"):
         `TF_CONFIG='{"cluster": {"worker": ["host1:12345", "host2:12345"]}, "task":
         {"type": "worker", "index": 0}}'` on host1 (index 1 on host2), the same call
         returns one worker of a `MultiWorkerMirroredStrategy`.
+
+    Under `strategykit launch` it also has this worker report its training progress to
+    the launcher's hang watch (`strategykit.cluster.progress_reporter`).
     """
+    progress_reporter.install()
     config = read_tf_config()
     if not config and slurm.slurm_tasks() > 1:
         options = _multi_worker_options(cross_device_ops)

@@ -298,6 +298,32 @@ def test_a_guarded_worker_is_the_command_itself_in_its_own_group(job):
     assert identity["argv"] == [str(job.script)]
 
 
+def test_a_stopped_worker_is_named_and_the_hung_job_killed(job):
+    # Each worker reports a step as `sk.from_env()` has it reported in a real job; then
+    # worker 1 stops (SIGSTOP) and worker 0 waits for it, alive but without progress.
+    job.worker("""
+        with open(os.environ["STRATEGYKIT_PROGRESS_FILE"], "w") as file:
+            json.dump({"epoch": 2, "step": 3 + k, "progress": time.time(),
+                       "heartbeat": time.time()}, file)
+        if k == 1:
+            os.kill(os.getpid(), signal.SIGSTOP)
+        while True:  # worker 0's heartbeat goes on
+            time.sleep(0.2)
+            with open(os.environ["STRATEGYKIT_PROGRESS_FILE"]) as file:
+                report = json.load(file)
+            report["heartbeat"] = time.time()
+            with open(os.environ["STRATEGYKIT_PROGRESS_FILE"], "w") as file:
+                json.dump(report, file)
+    """)
+    started = time.time()
+    result = job.run("--workers", "2", "--hang-timeout", "4")
+    assert result.returncode == 124, result.stderr
+    assert "strategykit launch: worker 1 made no progress for 4 s; last step 4 of epoch 2 " \
+           "(its process does not run: stopped or frozen); stopped the job.\n" in result.stderr
+    assert time.time() - started < 30
+    assert not any(alive(facts["pid"]) for facts in job.records().values())
+
+
 # Bad arguments: exit code 2 and a message naming what was received and the fix.
 
 BAD_ARGUMENTS = [
@@ -317,6 +343,9 @@ BAD_ARGUMENTS = [
      r"from 1 to 2, or --gpus-per-worker 0 to run the workers on the CPU\."),
     (["--workers", "2", "--gpus-per-worker", "-1", "--", "python"],
      r"gpus_per_worker cannot be negative\. Received: gpus_per_worker=-1, workers=2\."),
+    (["--workers", "2", "--hang-timeout", "-1", "--", "python"],
+     r"hang_timeout cannot be negative\. Received: hang_timeout=-1\. Use --hang-timeout S "
+     r"for S seconds, or 0 to never stop a job that makes no progress\."),
     (["--workers", "1", "--", "no-such-program-strategykit"],
      r"cannot start 'no-such-program-strategykit': No such file or directory\. Received: "
      r"command=\['no-such-program-strategykit'\]\. Check the command after --\."),
@@ -337,7 +366,8 @@ def test_launch_raises_on_a_bad_argument(monkeypatch, args, message):
     parsed = cli.build_parser().parse_args(["launch", *args])
     with pytest.raises(ValueError, match=message):
         launch(parsed.worker_command[1:], workers=parsed.workers, restarts=parsed.restarts,
-               port=parsed.port, gpus_per_worker=parsed.gpus_per_worker)
+               port=parsed.port, gpus_per_worker=parsed.gpus_per_worker,
+               hang_timeout=parsed.hang_timeout)
 
 
 def test_launch_wants_the_command_as_a_list():

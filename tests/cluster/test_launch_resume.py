@@ -25,6 +25,7 @@ from workers import TEST_PATHS
 
 EPOCHS = 6
 TIMEOUT = 300
+HANG_TIMEOUT = 6
 
 _WORKER = """
 import json, os, signal, sys, time
@@ -49,13 +50,26 @@ def die():
 
 
 class Record(keras.callbacks.Callback):
+    def on_train_begin(self, logs=None):
+        with open(f"{{out}}/began-{{run}}-{{worker}}", "w") as file:
+            file.write(str(time.time()))
+
     def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
         if sk.is_chief():
             with open(f"{{out}}/epochs-{{run}}", "a") as file:
                 file.write(f"{{epoch}}\\n")
         victim = {{"at-epoch-3": 1, "chief-at-epoch-3": 0}}.get(how)
         if first_attempt and worker == victim and epoch == 3:
             die()
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if how == "stop-in-epoch-2" and first_attempt and worker == 1 and (
+                self.epoch, batch) == (2, 3):  # 0-based: the 3rd epoch, its 4th step
+            time.sleep(2)  # its report of step 3 written first (a heartbeat a second)
+            with open(f"{{out}}/stopped", "w") as file:
+                file.write(str(time.time()))
+            os.kill(os.getpid(), signal.SIGSTOP)  # alive, but no progress: a hang
 
 
 if how == "while-writing" and first_attempt and worker == 0:
@@ -148,6 +162,21 @@ def test_a_chief_killed_while_writing_a_backup_resumes_from_the_one_before(tmp_p
     assert _epochs(out, 0) == [0, 1, 2]  # killed writing the backup after epoch 2
     assert _epochs(out, 1) == [2, 3, 4, 5]  # from the backup after epoch 1
     _assert_uninterrupted_weights(out)
+
+
+def test_a_stopped_worker_is_named_and_the_job_restarted_from_its_backup(tmp_path):
+    code, err, _, out = _launch(tmp_path, "stop-in-epoch-2", "--restarts", "1",
+                                "--hang-timeout", str(HANG_TIMEOUT))
+    assert code == 0, err[-4000:]
+    assert f"strategykit launch: worker 1 made no progress for {HANG_TIMEOUT} s; last step 3 " \
+           "of epoch 3 (its process does not run: stopped or frozen); stopped the job.\n" in err
+    assert "restarting the job (restart 1 of 1)" in err
+    assert _epochs(out, 0) == [0, 1, 2]
+    assert _epochs(out, 1) == [2, 3, 4, 5]  # from the backup after the 2nd epoch
+    _assert_uninterrupted_weights(out)
+    stopped = float((out / "stopped").read_text())
+    restarted = min(float((out / f"began-1-{k}").read_text()) for k in range(2))
+    assert restarted - stopped < HANG_TIMEOUT + 30  # noticed, killed, started again
 
 
 def test_without_restarts_the_launcher_exits_non_zero_and_one_worker_resumes(tmp_path):
