@@ -89,3 +89,14 @@ def test_the_callback_records_each_completed_step_counted_from_1(tmp_path):
     progress.write()
     report = read(progress.path)
     assert (report["epoch"], report["step"]) == (2, 3)
+
+
+def test_outside_the_launcher_from_env_adds_nothing_to_keras(monkeypatch):
+    import strategykit as sk
+
+    monkeypatch.delenv("STRATEGYKIT_PROGRESS_FILE", raising=False)
+    before = keras.callbacks.CallbackList.__init__
+    sk.from_env()
+    assert keras.callbacks.CallbackList.__init__ is before
+    assert not any(isinstance(callback, ProgressReporter)
+                   for callback in keras.callbacks.CallbackList([]).callbacks)
