@@ -22,20 +22,25 @@ import json
 import os
 import re
 import shutil
+import sys
 import warnings
 
 import keras
 import tensorflow as tf
 
 from strategykit.batchnorm.unsynchronized import unsynchronized_batch_norms
+from strategykit.callbacks.preemption import EXIT_CODE, Preemption
 from strategykit.cluster.chief_files import writable_path
 from strategykit.cluster.roles import is_chief, is_multi_worker
+from strategykit.data import position
 from strategykit.strategy.reduction import every_replica
 
 _BACKUP = re.compile(r"^backup-(\d+)$")
 _WRITING = ".writing"
 _METADATA = "training_metadata.json"  # what Keras's BackupAndRestore writes and reads
-_WRITTEN_BY = "strategykit.json"  # the replicas and workers that wrote a backup
+_WEIGHTS = "latest.weights.h5"  # Keras's file name
+_WRITTEN_BY = "strategykit.json"  # the replicas and workers that wrote a backup, its step
+_RAN_OUT = "Your input ran out of data"  # Keras, at the end of a resumed (shorter) epoch
 
 
 class BackupAndRestore(keras.callbacks.Callback):
@@ -57,11 +62,18 @@ class BackupAndRestore(keras.callbacks.Callback):
     changes: resuming such a model on another number of replicas warns once, naming the
     layers (`sk.convert_sync_batchnorm` makes them exact).
 
+    **Preemption.** SIGTERM to any worker (or to `strategykit launch`) during `fit()`
+    makes every worker stop after the same step: the chief writes a backup of that
+    step, mid-epoch, and every worker exits with code 42 (`EXIT_CODE`). Running the
+    same command again (or `strategykit launch --restarts K`) resumes at the next step
+    of that epoch, nothing redone or skipped; backups of `save_freq=N` resume the same
+    way. With `sk.shard` data the resumed epoch's pass starts at that step, and
+    `sk.shard(..., shuffle=True, seed=s)` orders each epoch as an uninterrupted run
+    does, so training ends with the weights of an uninterrupted run. Keras's logs of
+    the resumed epoch cover the steps after the resume.
+
     A backup is published atomically (written aside, then renamed), so a process killed
-    while writing it leaves the previous backup intact. With `save_freq=N` a restore
-    starts again at the beginning of the interrupted epoch, as Keras's does. The data
-    each epoch sees is the input's: with `sk.shard(..., shuffle=True)` a resumed run's
-    later epochs see other orders than an uninterrupted run's.
+    while writing it leaves the previous backup intact.
 
     Args:
         backup_dir: the directory of the backups; give every worker the same path.
@@ -81,6 +93,8 @@ class BackupAndRestore(keras.callbacks.Callback):
         >>> model.fit(data, epochs=20, callbacks=[backup])  # doctest: +SKIP
     """
 
+    EXIT_CODE = EXIT_CODE
+
     def __init__(self, backup_dir, save_freq="epoch", double_checkpoint=False,
                  delete_checkpoint=True):
         super().__init__()
@@ -94,14 +108,15 @@ class BackupAndRestore(keras.callbacks.Callback):
         self.delete_checkpoint = delete_checkpoint
         keras.callbacks.BackupAndRestore(self.backup_dir, save_freq=save_freq)  # checks it
         self._writer = None
+        self._short_epoch = None
 
     def on_train_begin(self, logs=None):
         strategy = self.model.distribute_strategy
         self._chief = is_chief(strategy)
         self._written_by = _written_by(strategy)
-        epoch, backup = self._restore()
+        epoch, step, backup = self._restore()
         if is_multi_worker(strategy):
-            self._check_every_worker_restored(strategy, epoch)
+            self._check_every_worker_restored(strategy, epoch * 1_000_000 + step)
         if backup and self._chief:
             self._warn_if_inexact(backup)
         writing = os.path.join(writable_path(self.backup_dir, strategy), _WRITING)
@@ -109,18 +124,63 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._writer = keras.callbacks.BackupAndRestore(
             writing, save_freq=self.save_freq, delete_checkpoint=False)
         self._writer.set_model(self.model)
+        self._epoch, self._skipped, self._steps = epoch, step, 0
+        if step:  # resumed in the middle of an epoch: its pass starts after that step
+            position.skip_steps(step)
+            self._short_epoch = _ignore_warning(_RAN_OUT)
+        self._preemption = Preemption(strategy)
+        self._preemption.start()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
 
     def on_epoch_end(self, epoch, logs=None):
         self._writer.on_epoch_end(epoch, logs)
         self._publish()
+        self._skipped = 0
+        _stop_ignoring(self._short_epoch)
+        self._short_epoch = None
 
     def on_train_batch_end(self, batch, logs=None):
+        step = self._skipped + batch + 1
         self._writer.on_train_batch_end(batch, logs)
-        self._publish()
+        if os.path.isdir(self._writer.backup_dir):  # it backed up (save_freq=N)
+            self._publish(step=self._write_position(step))
+        self._steps += 1
+        if self._preemption.after_step(self._steps):
+            self._back_up_and_exit(step)
 
     def on_train_end(self, logs=None):
+        _stop_ignoring(self._short_epoch)
+        self._short_epoch = None
+        self._preemption.stop()
         if self.delete_checkpoint and self._chief:
             shutil.rmtree(self.backup_dir, ignore_errors=True)
+
+    def _write_position(self, step: int) -> int:
+        """Keras's metadata of a backup at `step` of the current epoch (resumed there).
+
+        Returns:
+            The step it records in that epoch (0 when the epoch's last step was done).
+        """
+        epoch = self._epoch
+        if step == self.params.get("steps"):  # the epoch's last step: the next begins
+            epoch, step = epoch + 1, 0
+        with open(os.path.join(self._writer.backup_dir, _METADATA), "w") as file:
+            json.dump({"epoch": epoch, "batch": step - 1}, file)
+        return step
+
+    def _back_up_and_exit(self, step: int) -> None:
+        """Writes a backup at `step` of the current epoch, then exits (preemption)."""
+        os.makedirs(self._writer.backup_dir, exist_ok=True)
+        self.model.save_weights(os.path.join(self._writer.backup_dir, _WEIGHTS))
+        self._publish(step=self._write_position(step))
+        self._preemption.stop()
+        if self._chief:
+            print(f"strategykit: SIGTERM: backed up epoch {self._epoch + 1}, step {step} to "
+                  f"{self.backup_dir}; exiting with code {EXIT_CODE}. Run the same command "
+                  "again to go on from the next step.", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_CODE)
 
     def backups(self) -> list[str]:
         """The complete backups in `backup_dir`, oldest first."""
@@ -130,11 +190,12 @@ class BackupAndRestore(keras.callbacks.Callback):
                           if (m := _BACKUP.match(name)))
         return [os.path.join(self.backup_dir, name) for _, name in numbered]
 
-    def _restore(self) -> tuple[int, str | None]:
+    def _restore(self) -> tuple[int, int, str | None]:
         """Restores the newest readable backup (Keras's own restore).
 
         Returns:
-            Its epoch and its path; `(0, None)` when there is none.
+            Its epoch, the steps of that epoch it holds, and its path; `(0, 0, None)`
+            when there is none.
         """
         candidates = self.backups()[-2 if self.double_checkpoint else -1:]
         for attempt, backup in enumerate(reversed(candidates)):
@@ -147,16 +208,15 @@ class BackupAndRestore(keras.callbacks.Callback):
                     raise
                 continue
             with open(os.path.join(backup, _METADATA)) as file:
-                return int(json.load(file)["epoch"]), backup
-        return 0, None
+                epoch = int(json.load(file)["epoch"])
+            return epoch, _read_written_by(backup).get("step", 0), backup
+        return 0, 0, None
 
     def _warn_if_inexact(self, backup: str) -> None:
         """Warns when the backup was written by another number of replicas and the model
         has batch norm that is not synchronized (its per-replica batch has changed)."""
-        try:
-            with open(os.path.join(backup, _WRITTEN_BY)) as file:
-                then = json.load(file)
-        except FileNotFoundError:  # written before backups recorded it
+        then = _read_written_by(backup)
+        if not then:  # written before backups recorded it
             return
         now = self._written_by
         layers = unsynchronized_batch_norms(self.model)
@@ -171,24 +231,27 @@ class BackupAndRestore(keras.callbacks.Callback):
             "of replicas, synchronize them: model = sk.convert_sync_batchnorm(model).",
             stacklevel=2)
 
-    def _check_every_worker_restored(self, strategy, epoch: int) -> None:
-        """Fails on every worker at once unless all restored the same epoch.
+    def _check_every_worker_restored(self, strategy, position: int) -> None:
+        """Fails on every worker at once unless all restored the same epoch and step.
 
         A worker that cannot read the chief's `backup_dir` (no shared disk) would start
         from other weights and run other epochs, and the job would hang.
         """
-        epochs = every_replica(tf.constant(epoch), strategy).numpy().tolist()
-        if len(set(epochs)) > 1:
-            by_worker = epochs[::len(strategy.extended.worker_devices)]
-            resumed = ", ".join(f"worker {k} at epoch {e}" for k, e in enumerate(by_worker))
+        positions = every_replica(tf.constant(position, tf.int64), strategy).numpy().tolist()
+        if len(set(positions)) > 1:
+            by_worker = positions[::len(strategy.extended.worker_devices)]
+            resumed = ", ".join(f"worker {k} at epoch {p // 1_000_000}, step {p % 1_000_000}"
+                                for k, p in enumerate(by_worker))
             raise ValueError(
                 f"The workers resumed from different backups: {resumed}. Received: "
                 f"backup_dir={self.backup_dir!r} on every worker. Every worker must read "
                 "the chief's backups: on several machines put backup_dir on a disk they "
                 "all share.")
 
-    def _publish(self) -> None:
-        """Turns a backup the writer just wrote into the newest one (chief) or drops it."""
+    def _publish(self, step: int = 0) -> None:
+        """Turns a backup the writer just wrote into the newest one (chief) or drops it.
+
+        `step`: the steps of the current epoch it holds (0: at an epoch's end)."""
         writing = self._writer.backup_dir
         if not os.path.isdir(writing):
             return
@@ -196,13 +259,33 @@ class BackupAndRestore(keras.callbacks.Callback):
             shutil.rmtree(writing)
             return
         with open(os.path.join(writing, _WRITTEN_BY), "w") as file:
-            json.dump(self._written_by, file)
+            json.dump({**self._written_by, "step": step}, file)
         existing = self.backups()
         number = int(_BACKUP.match(os.path.basename(existing[-1])).group(1)) + 1 if (
             existing) else 0
         os.rename(writing, os.path.join(self.backup_dir, f"backup-{number:06d}"))
         for old in existing[:len(existing) - (1 if self.double_checkpoint else 0)]:
             shutil.rmtree(old, ignore_errors=True)
+
+
+def _read_written_by(backup: str) -> dict:
+    """What `strategykit.json` of a backup records; {} for a backup without it."""
+    try:
+        with open(os.path.join(backup, _WRITTEN_BY)) as file:
+            return json.load(file)
+    except FileNotFoundError:
+        return {}
+
+
+def _ignore_warning(message: str):
+    """Ignores warnings starting with `message` until `_stop_ignoring` of the result."""
+    warnings.filterwarnings("ignore", message=re.escape(message))
+    return warnings.filters[0]
+
+
+def _stop_ignoring(entry) -> None:
+    if entry is not None and entry in warnings.filters:
+        warnings.filters.remove(entry)
 
 
 def _written_by(strategy: tf.distribute.Strategy) -> dict:

@@ -1,23 +1,22 @@
 """Each worker's training progress, reported to `strategykit launch` with no code added.
 
-Under `strategykit launch` (its `progress_file.VARIABLE` set), `sk.from_env()` calls
-`install()`: a heartbeat thread starts writing this worker's progress file, and every
-`fit()`, `evaluate()` and `predict()` gets one more callback, which records each
-completed step. Keras has no public place for a callback every fit should get, so
-`install` wraps `keras.callbacks.CallbackList.__init__` (public API) to append it; the
-callback is `async_safe`, so Keras dispatches the other callbacks as it would without
-it. Without the launcher nothing is installed.
+Under `strategykit launch` (its `progress_file.VARIABLE` set), `sk.from_env()` asks
+`reporter()` for this worker's reporter: a heartbeat thread starts writing this worker's
+progress file, and every `fit()`, `evaluate()` and `predict()` gets one more callback
+(through `strategykit.upstream.every_fit`), which records each completed step. Without
+the launcher nothing is added.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 
 import keras
 
 from strategykit.cluster.progress_file import VARIABLE, ProgressFile
 
-_installed: dict = {}
+_makers: dict = {}  # progress file -> ProgressReporter maker
 
 
 class ProgressReporter(keras.callbacks.Callback):
@@ -47,23 +46,21 @@ class ProgressReporter(keras.callbacks.Callback):
         self.progress.record()
 
 
-def install() -> None:
-    """Reports this worker's progress when `strategykit launch` asks for it; idempotent.
+def reporter():
+    """This worker's `ProgressReporter` maker under `strategykit launch`, else None.
+
+    The first call starts the heartbeat; later calls return the same maker, for
+    `strategykit.upstream.every_fit.add_to_every_fit`.
 
     Example:
-        >>> install()  # outside strategykit launch: does nothing
+        >>> reporter() is None  # outside strategykit launch
+        True
     """
     path = os.environ.get(VARIABLE)
-    if not path or path in _installed:
-        return
-    progress = ProgressFile(path)
-    progress.start_heartbeat()
-    original = keras.callbacks.CallbackList.__init__
-
-    def __init__(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        if not any(isinstance(callback, ProgressReporter) for callback in self.callbacks):
-            self.callbacks.append(ProgressReporter(progress))
-
-    keras.callbacks.CallbackList.__init__ = __init__
-    _installed[path] = progress
+    if not path:
+        return None
+    if path not in _makers:
+        progress = ProgressFile(path)
+        progress.start_heartbeat()
+        _makers[path] = functools.partial(ProgressReporter, progress)
+    return _makers[path]

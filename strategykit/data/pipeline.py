@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from strategykit.data.batching import batch_for_replicas
+from strategykit.data import position
+from strategykit.data.batching import batch_for_replicas, count_batches
 
 
 def make_pipeline(examples, size=None, context=None, *, global_batch_size, remainder,
                   replicas=None, shuffle=False, seed=None, shuffle_buffer=None, augment=None,
-                  every_replica=False):
+                  every_replica=False, steps=None):
     """Shuffles and batches unbatched examples; used by `shard` and `shard_tfds`.
 
     With an input `context` (`distribute_datasets_from_function`) the result is this
@@ -22,14 +23,16 @@ def make_pipeline(examples, size=None, context=None, *, global_batch_size, remai
     keeps its own replicas' slices of each global batch (as one pipeline would give
     them). Without a context (`experimental_distribute_dataset`) it is global batches for
     `replicas` replicas, sharded by data (`DATA`) over several workers.
+
+    Every pass starts at the training position (`strategykit.data.position`): with a
+    `seed`, its epoch keys the shuffle order and the augmentation seeds, and a resumed
+    epoch skips the steps done before the interruption. tf.data then no longer knows the number of
+    batches; when it is known it is appended to the list `steps`, for the caller to
+    state to Keras.
     """
     options = tf.data.Options()
     policy = tf.data.experimental.AutoShardPolicy
     options.experimental_distribute.auto_shard_policy = policy.OFF if context else policy.DATA
-    if shuffle:
-        examples = examples.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-    if augment is not None:
-        examples = _augmented(examples, augment, seed, None if every_replica else context)
     if size is None:
         size = _known_size(examples)
     batch_size = global_batch_size
@@ -38,13 +41,43 @@ def make_pipeline(examples, size=None, context=None, *, global_batch_size, remai
         if not every_replica:
             replicas //= context.num_input_pipelines
         batch_size = context.get_per_replica_batch_size(global_batch_size) * replicas
-    batches = batch_for_replicas(
-        examples, pipeline_batch_size=batch_size, replicas=replicas, remainder=remainder,
-        per_replica=context is not None, size=size,
-    )
-    if every_replica:
-        batches = _own_replicas(batches, context)
+    count = count_batches(size, batch_size, replicas, remainder) if size is not None else None
+    per_step = 1 if context is None else (
+        replicas // context.num_input_pipelines if every_replica else replicas)
+
+    if shuffle and seed is None:  # a new order every pass, not reproducible
+        examples = examples.shuffle(shuffle_buffer, reshuffle_each_iteration=True)
+    if augment is not None and seed is None:
+        examples = _augmented(examples, augment, None, None, None if every_replica else context)
+
+    def one_pass():
+        shuffled = examples
+        if seed is not None:
+            # The seed and the epoch alone decide: a global seed (tf.random.set_seed)
+            # would combine with them, and trips over a seed that is a tensor.
+            tf.compat.v1.set_random_seed(None)  # of this function's graph only
+            epoch = position.epoch()
+            if shuffle:
+                shuffled = shuffled.shuffle(shuffle_buffer, seed=_epoch_seed(seed, epoch),
+                                            reshuffle_each_iteration=False)
+            if augment is not None:
+                shuffled = _augmented(shuffled, augment, seed, epoch,
+                                      None if every_replica else context)
+        batches = batch_for_replicas(
+            shuffled, pipeline_batch_size=batch_size, replicas=replicas, remainder=remainder,
+            per_replica=context is not None, size=size,
+        )
+        return _own_replicas(batches, context, count) if every_replica else batches
+
+    if count is not None and steps is not None:
+        steps.append(count)
+    batches = position.positioned(one_pass, per_step)
     return batches.prefetch(tf.data.AUTOTUNE).with_options(options)
+
+
+def _epoch_seed(seed, epoch):
+    """The shuffle seed of an epoch: the same for every pass of that epoch."""
+    return None if seed is None else tf.constant(seed, tf.int64) * 1_000_003 + epoch
 
 
 def _known_size(examples: tf.data.Dataset) -> int | None:
@@ -55,25 +88,29 @@ def _known_size(examples: tf.data.Dataset) -> int | None:
     return cardinality if cardinality >= 0 else None
 
 
-def _own_replicas(batches: tf.data.Dataset, context) -> tf.data.Dataset:
-    """This pipeline's replicas' batches, of every replica's batches in replica order."""
+def _own_replicas(batches: tf.data.Dataset, context, count) -> tf.data.Dataset:
+    """This pipeline's replicas' batches, of every replica's batches in replica order.
+
+    `count` is the number of steps, when known."""
     pipelines, replicas = context.num_input_pipelines, context.num_replicas_in_sync
     if pipelines == 1:
         return batches
     local, index = replicas // pipelines, context.input_pipeline_id
-    count = int(batches.cardinality())
     own = batches.enumerate().filter(
         lambda i, _: (i % replicas) // local == index).map(lambda _, batch: batch)
-    return own.apply(tf.data.experimental.assert_cardinality(count // pipelines)) if (
-        count >= 0) else own
+    return own.apply(tf.data.experimental.assert_cardinality(count * local)) if (
+        count is not None) else own
 
 
-def _augmented(examples, augment, seed, context):
-    """`augment(example, seed)` with a fresh, reproducible stateless seed per example."""
+def _augmented(examples, augment, seed, epoch, context):
+    """`augment(example, seed)` with a fresh stateless seed per example.
+
+    With a `seed`, the seeds of an epoch depend on it, the epoch and the pipeline only;
+    without, they are new every pass."""
     pipeline = context.input_pipeline_id if context is not None else 0
     seeds = tf.data.Dataset.random(
-        seed=None if seed is None else seed + 7919 * pipeline,
-        rerandomize_each_iteration=True,
+        seed=None if seed is None else (seed + 7919 * pipeline) * 1_000_003 + epoch,
+        rerandomize_each_iteration=seed is None,
     ).batch(2, drop_remainder=True)
     return tf.data.Dataset.zip((examples, seeds)).map(
         augment, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)

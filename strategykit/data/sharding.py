@@ -23,7 +23,7 @@ from strategykit.cluster.roles import is_multi_worker
 from strategykit.data.batching import split_labels
 from strategykit.data.pipeline import make_pipeline
 from strategykit.data.sources import check_size, examples_source
-from strategykit.upstream import count_steps_not_batches
+from strategykit.upstream import state_steps
 
 _WEIGHTED = weakref.WeakKeyDictionary()  # distributed datasets made here that carry weights
 
@@ -172,29 +172,24 @@ def shard(
             "less, for a partial shuffle)."
         )
 
+    steps: list = []  # each pipeline's step count, when known
     pipeline = functools.partial(
         make_pipeline, global_batch_size=global_batch_size, remainder=remainder,
         shuffle=shuffle, seed=seed, shuffle_buffer=shuffle_buffer or size,
-        replicas=strategy.num_replicas_in_sync, augment=augment,
+        replicas=strategy.num_replicas_in_sync, augment=augment, steps=steps,
     )
     if callable(data):
-        distributed = _per_pipeline(
-            strategy, lambda context: pipeline(source(context), context=context))
+        distributed = strategy.distribute_datasets_from_function(
+            lambda context: pipeline(source(context), context=context))
     elif remainder == "split":
         # Uneven per-replica batches need per-replica pipelines: cut by `split_evenly`.
-        distributed = _per_pipeline(
-            strategy, lambda context: pipeline(source(None), size, context=context,
-                                               every_replica=True))
+        distributed = strategy.distribute_datasets_from_function(
+            lambda context: pipeline(source(None), size, context=context, every_replica=True))
     else:
         distributed = strategy.experimental_distribute_dataset(pipeline(source(None)))
+    if steps:
+        state_steps(distributed, steps[0])
     _WEIGHTED[distributed] = True
-    return distributed
-
-
-def _per_pipeline(strategy, dataset_fn) -> tf.distribute.DistributedDataset:
-    """`distribute_datasets_from_function(dataset_fn)`, its step count as Keras reads it."""
-    distributed = strategy.distribute_datasets_from_function(dataset_fn)
-    count_steps_not_batches(distributed, strategy)
     return distributed
 
 

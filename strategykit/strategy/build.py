@@ -10,6 +10,7 @@ from strategykit import upstream
 from strategykit.cluster import progress_reporter, slurm
 from strategykit.cluster.tf_config import count_workers, read_tf_config
 from strategykit.strategy import devices as _devices
+from strategykit.upstream.every_fit import add_to_every_fit
 
 CROSS_DEVICE_OPS = ("auto", "nccl", "hierarchical_copy", "reduce_to_one_device")
 """The valid string values of `cross_device_ops`."""
@@ -129,7 +130,8 @@ def from_env(*, cross_device_ops: str | tf.distribute.CrossDeviceOps = "auto"):
     Under `strategykit launch` it also has this worker report its training progress to
     the launcher's hang watch (`strategykit.cluster.progress_reporter`).
     """
-    progress_reporter.install()
+    if progress_reporter.reporter() is not None:
+        add_to_every_fit(progress_reporter.reporter())
     config = read_tf_config()
     if not config and slurm.slurm_tasks() > 1:
         options = _multi_worker_options(cross_device_ops)

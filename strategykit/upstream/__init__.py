@@ -21,9 +21,11 @@ Fixes, one module each:
   `MultiWorkerMirroredStrategy` of several workers.
 * `worker_files`, keras-team/keras#20585: Keras's file-writing callbacks
   (`ModelCheckpoint`, `CSVLogger`, `TensorBoard`) write only on the chief.
-* `step_count`: TensorFlow's step count of `distribute_datasets_from_function`
-  datasets; not a `Fix` but `count_steps_not_batches`, which `sk.shard` applies to the
-  datasets it makes.
+* `step_count`: the steps Keras reads from a distributed dataset; not a `Fix` but
+  `state_steps`, which `sk.shard` applies to the datasets it makes.
+* `coordination`: the job's key-value store (TensorFlow's coordination service),
+  which `sk.callbacks.BackupAndRestore` agrees on a preemption step through.
+* `every_fit`: callbacks strategykit adds to every `fit()` (public API, no `Fix`).
 
 Example:
     >>> import keras, strategykit as sk
@@ -36,14 +38,15 @@ Example:
 """
 
 from strategykit.upstream import accumulation, multi_worker, worker_files
+from strategykit.upstream.coordination import COORDINATION_RELIES_ON
 from strategykit.upstream.fix import CHECKED_ON, Fix, fingerprint, original, resolve
-from strategykit.upstream.step_count import STEPS_RELIES_ON, count_steps_not_batches
+from strategykit.upstream.step_count import STEPS_RELIES_ON, state_steps
 
 FIXES = (*accumulation.FIXES, *multi_worker.FIXES, *worker_files.FIXES)
 """Every fix, in the order `install()` installs them."""
 
-__all__ = ["CHECKED_ON", "FIXES", "STEPS_RELIES_ON", "Fix", "count_steps_not_batches",
-           "fingerprint", "install", "original", "resolve", "uninstall"]
+__all__ = ["CHECKED_ON", "COORDINATION_RELIES_ON", "FIXES", "STEPS_RELIES_ON", "Fix", "fingerprint",
+           "state_steps", "install", "original", "resolve", "uninstall"]
 
 
 def install() -> None:

@@ -2,37 +2,32 @@
 
 from __future__ import annotations
 
-import weakref
-
 import tensorflow as tf
 
-# -- TensorFlow: `distribute_datasets_from_function` counts batches, not steps --
+# -- Keras reads a distributed dataset's steps from a count tf.data may not know --
 #
-# `DistributedDatasetsFromFunction.cardinality` counts the first input pipeline's
-# per-replica batches, one per replica of the worker and step; Keras reads it as steps
-# (`TFDatasetAdapter.num_batches`), so with R local replicas its bar counts to R x steps
-# and every epoch ends with "Your input ran out of data". There is no public way to state
-# the steps: `count_steps_not_batches` sets the private attribute the property returns,
-# on `sk.shard`'s datasets only, with R > 1 and a known count, once per dataset. No
-# upstream issue found; checked on TensorFlow 2.21.0; tests/test_upstream.py fails when
-# the property changes or TensorFlow counts steps itself.
+# Keras takes the steps of an epoch from `DistributedDataset.cardinality`
+# (`TFDatasetAdapter.num_batches`). `sk.shard`'s pipelines start each pass at the training
+# position (a resumed epoch skips the steps it did), so tf.data cannot count their
+# batches; and `DistributedDatasetsFromFunction.cardinality` counts a pipeline's
+# per-replica batches, one per replica of the worker and step, which Keras would read as
+# R x steps with R local replicas. There is no public way to state the steps:
+# `state_steps` sets the private attribute both properties return, on `sk.shard`'s
+# datasets only. No upstream issue found; checked on TensorFlow 2.21.0;
+# tests/upstream/test_upstream.py fails when the properties change.
 STEPS_RELIES_ON = {
     "tensorflow.python.distribute.input_lib:DistributedDatasetsFromFunction.cardinality":
         "4fc1797ea35ad1b2",
+    "tensorflow.python.distribute.input_lib:DistributedDataset.cardinality": "4fc1797ea35ad1b2",
 }
-_COUNTED = weakref.WeakSet()
 
 
-def count_steps_not_batches(distributed, strategy: tf.distribute.Strategy) -> None:
-    """Makes `distributed.cardinality` the number of steps, as Keras reads it.
+def state_steps(distributed, steps: int) -> None:
+    """Makes `distributed.cardinality`, as Keras reads it, `steps`.
 
     Args:
-        distributed: a dataset made by `strategy.distribute_datasets_from_function`
-            whose pipelines yield one per-replica batch per replica and step.
-        strategy: its strategy.
+        distributed: a dataset made by `strategy.experimental_distribute_dataset` or
+            `strategy.distribute_datasets_from_function`.
+        steps: its steps per pass (an epoch of `fit()`).
     """
-    local_replicas = len(strategy.extended.worker_devices)
-    batches = int(distributed.cardinality)
-    if local_replicas > 1 and batches >= 0 and distributed not in _COUNTED:
-        distributed._cardinality = batches // local_replicas
-        _COUNTED.add(distributed)
+    distributed._cardinality = int(steps)

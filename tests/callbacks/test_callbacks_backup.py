@@ -2,8 +2,10 @@
 backup torn by a kill is never read. Across worker processes: tests/test_launch_resume.py.
 """
 
+import json
 import os
 import re
+import signal
 import warnings
 
 import keras
@@ -11,6 +13,7 @@ import numpy as np
 import pytest
 
 import strategykit as sk
+from strategykit.callbacks import preemption
 
 EPOCHS = 6
 
@@ -36,13 +39,13 @@ class _Epochs(keras.callbacks.Callback):
         self.seen.append(epoch)
 
 
-def _data():
+def _data(examples=64):
     rng = np.random.default_rng(3)
-    x = rng.normal(size=(64, 3)).astype("float32")
+    x = rng.normal(size=(examples, 3)).astype("float32")
     return x, (x @ np.array([[1.0], [-2.0], [0.5]], "float32") + 1).astype("float32")
 
 
-def _fit(strategy, callbacks, epochs=EPOCHS, sync_bn=False):
+def _fit(strategy, callbacks, epochs=EPOCHS, sync_bn=False, examples=64, seed=None):
     from conftest import bn_regressor
 
     with strategy.scope():
@@ -55,9 +58,9 @@ def _fit(strategy, callbacks, epochs=EPOCHS, sync_bn=False):
         else:
             optimizer = keras.optimizers.Adam(0.01)
         model.compile(optimizer, "mse")  # both have state to restore
-    x, y = _data()
-    model.fit(sk.shard((x, y), strategy, global_batch_size=16), epochs=epochs, verbose=0,
-              shuffle=False, callbacks=callbacks)
+    data = sk.shard(_data(examples), strategy, global_batch_size=16, shuffle=seed is not None,
+                    seed=seed)
+    model.fit(data, epochs=epochs, verbose=0, callbacks=callbacks)
     return model
 
 
@@ -176,6 +179,70 @@ def test_save_freq_in_batches(make_strategy, tmp_path):
     _fit(strategy, [backup], epochs=2)  # 4 batches an epoch: saved after batches 3, 6
     assert len(backup.backups()) == 1
     assert os.path.basename(backup.backups()[0]) == "backup-000001"
+
+
+class _Sigterm(keras.callbacks.Callback):
+    """Sends this process SIGTERM during step `step` (1-based) of `epoch`, as a scheduler
+    preempting it would."""
+
+    def __init__(self, epoch, step):
+        super().__init__()
+        self.epoch, self.step = epoch, step
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._now = epoch
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if (self._now, batch + 1) == (self.epoch, self.step):
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+class _Steps(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.seen = {}
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.seen[self._epoch] = self.seen.get(self._epoch, 0) + 1
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+
+
+def test_sigterm_backs_up_the_step_and_a_rerun_goes_on_from_the_next(make_strategy, tmp_path):
+    # 96 examples, global batch 16: 6 steps an epoch, shuffled by a seed; sync BN, SGD
+    # with momentum. SIGTERM during step 3 of epoch 1: back up after step 3, exit 42.
+    strategy = make_strategy(2)
+    run = dict(epochs=3, sync_bn=True, examples=96, seed=5)
+    uninterrupted = _fit(strategy, [], **run)
+    backup = sk.callbacks.BackupAndRestore(tmp_path / "b")
+    with pytest.raises(SystemExit) as exited:
+        _fit(strategy, [_Sigterm(epoch=1, step=3), backup], **run)
+    assert exited.value.code == sk.callbacks.BackupAndRestore.EXIT_CODE == 42
+    assert signal.getsignal(signal.SIGTERM) is not preemption._on_sigterm  # given back
+    (written,) = backup.backups()
+    with open(os.path.join(written, "strategykit.json")) as file:
+        assert json.load(file)["step"] == 3
+    steps = _Steps()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        resumed = _fit(strategy, [sk.callbacks.BackupAndRestore(tmp_path / "b"), steps], **run)
+    assert steps.seen == {1: 3, 2: 6}  # steps 4-6 of epoch 1, then epoch 2 whole
+    assert not [w for w in caught if "ran out of data" in str(w.message)]
+    _assert_same_weights(resumed, uninterrupted, tolerance=1e-5)
+
+
+def test_a_save_freq_backup_resumes_at_the_next_step(make_strategy, tmp_path):
+    strategy = make_strategy(2)
+    run = dict(epochs=2, sync_bn=True, examples=96, seed=5)
+    uninterrupted = _fit(strategy, [], **run)
+    with pytest.raises(KeyboardInterrupt):  # backed up after step 4 of epoch 0
+        _fit(strategy, [sk.callbacks.BackupAndRestore(tmp_path / "b", save_freq=4),
+                        _Interrupt(1)], **run)
+    steps = _Steps()
+    resumed = _fit(strategy, [sk.callbacks.BackupAndRestore(tmp_path / "b"), steps], **run)
+    assert steps.seen == {0: 2, 1: 6}
+    _assert_same_weights(resumed, uninterrupted, tolerance=1e-5)
 
 
 @pytest.mark.parametrize("kwargs, message", [

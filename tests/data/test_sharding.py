@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 import strategykit as sk
+from strategykit.data import position
 from strategykit.data.batching import spread_indices
 from strategykit.data.pipeline import make_pipeline
 
@@ -75,7 +76,10 @@ def test_shuffled_every_example_once(make_strategy, source, replicas, drop):
     kwargs = {"shuffle_buffer": 10} if source == "fn" else {}
     ds = sk.shard(_sources()[source], strategy, global_batch_size=4, shuffle=True, seed=3,
                   drop_remainder=drop, **kwargs)
-    epochs = [sk.replica_batches(ds, strategy) for _ in range(2)]
+    epochs = []
+    for epoch in range(2):  # fit sets the epoch as each begins
+        position.set_epoch(epoch)
+        epochs.append(sk.replica_batches(ds, strategy))
     for steps in epochs:
         seen = [i for step in steps for replica in step for i in replica]
         assert len(seen) == len(set(seen))  # no duplicates
@@ -85,9 +89,26 @@ def test_shuffled_every_example_once(make_strategy, source, replicas, drop):
         for step in steps:
             assert all(replica for replica in step[: min(replicas, 2)])
     assert epochs[0] != epochs[1]  # reshuffled each epoch
+    assert sk.replica_batches(ds, strategy) == epochs[1]  # one order an epoch
     again = sk.shard(_sources()[source], strategy, global_batch_size=4, shuffle=True,
                      seed=3, drop_remainder=drop, **kwargs)
+    position.set_epoch(0)
     assert sk.replica_batches(again, strategy) == epochs[0]  # reproducible from the seed
+
+
+@pytest.mark.parametrize("source", ["numpy", "fn"])
+def test_a_resumed_pass_starts_after_the_steps_done_and_the_next_pass_whole(
+        make_strategy, source):
+    strategy = make_strategy(2)
+    kwargs = {"shuffle_buffer": 10} if source == "fn" else {}
+    ds = sk.shard(_sources()[source], strategy, global_batch_size=4, shuffle=True, seed=3,
+                  **kwargs)
+    position.set_epoch(1)
+    whole = sk.replica_batches(ds, strategy)
+    assert int(ds.cardinality) == len(whole) == 3
+    position.skip_steps(2)
+    assert sk.replica_batches(ds, strategy) == whole[2:]
+    assert sk.replica_batches(ds, strategy) == whole
 
 
 def test_padded_batches_never_leave_a_replica_empty(make_strategy):
@@ -382,7 +403,11 @@ def test_augmentation_seeds_differ_per_replica_and_repeat_with_the_seed(make_str
     def epochs(seed):
         ds = sk.shard((zeros, zeros[:, 0]), strategy, global_batch_size=4, seed=seed,
                       augment=augment)
-        return [sk.replica_batches(ds, strategy) for _ in range(2)]
+        result = []
+        for epoch in range(2):  # fit sets the epoch as each begins
+            position.set_epoch(epoch)
+            result.append(sk.replica_batches(ds, strategy))
+        return result
 
     first, second = epochs(5)
     values = [v for step in first for replica in step for v in replica]

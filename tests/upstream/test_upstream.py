@@ -57,24 +57,26 @@ def test_strategies_install_the_fixes(make_strategy):
 
 
 
-def test_tensorflow_counts_per_replica_batches_as_steps_without_the_fix(make_strategy):
+def test_tensorflow_counts_per_replica_batches_as_steps_and_state_steps_corrects_it(
+        make_strategy):
     # 8 examples in per-replica batches of 2 on 2 replicas: 2 steps, counted 4 upstream.
-    # When TensorFlow counts steps itself this fails: then remove count_steps_not_batches.
+    # When TensorFlow counts steps itself this fails: then sk.shard needs state_steps only
+    # for the pipelines whose passes tf.data cannot count.
     strategy = make_strategy(2)
     ds = strategy.distribute_datasets_from_function(
         lambda context: tf.data.Dataset.range(8).batch(2))
     assert int(ds.cardinality) == 4 and len(list(ds)) == 2
-    upstream.count_steps_not_batches(ds, strategy)
-    upstream.count_steps_not_batches(ds, strategy)  # idempotent: once per dataset
+    upstream.state_steps(ds, 2)
     assert int(ds.cardinality) == 2
 
 
-def test_one_replica_per_worker_is_counted_right_and_left_alone(make_strategy):
-    strategy = make_strategy(1)
-    ds = strategy.distribute_datasets_from_function(
-        lambda context: tf.data.Dataset.range(8).batch(2))
-    upstream.count_steps_not_batches(ds, strategy)
-    assert int(ds.cardinality) == 4 == len(list(ds))
+def test_tensorflow_cannot_count_a_pass_started_at_the_training_position(make_strategy):
+    strategy = make_strategy(2)
+    ds = strategy.experimental_distribute_dataset(
+        tf.data.Dataset.from_tensors(0).flat_map(lambda _: tf.data.Dataset.range(8).batch(4)))
+    assert int(ds.cardinality) == tf.data.UNKNOWN_CARDINALITY
+    upstream.state_steps(ds, 2)
+    assert int(ds.cardinality) == 2 == len(list(ds))
 
 
 @pytest.mark.parametrize("name", sorted(upstream.STEPS_RELIES_ON))
@@ -82,3 +84,10 @@ def test_the_step_count_relies_on_the_code_it_was_checked_on(name):
     assert upstream.fingerprint(name) == upstream.STEPS_RELIES_ON[name], (
         f"TensorFlow changed {name}: check count_steps_not_batches in "
         "strategykit/upstream/step_count.py against it, then update STEPS_RELIES_ON.")
+
+
+@pytest.mark.parametrize("name", sorted(upstream.COORDINATION_RELIES_ON))
+def test_the_coordination_store_is_as_checked(name):
+    assert upstream.fingerprint(name) == upstream.COORDINATION_RELIES_ON[name], (
+        f"TensorFlow changed {name}: check strategykit/upstream/coordination.py against "
+        "it, then update COORDINATION_RELIES_ON.")
