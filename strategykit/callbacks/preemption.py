@@ -19,10 +19,11 @@ import threading
 
 import tensorflow as tf
 
+from strategykit.cluster.exit_codes import PREEMPTED
 from strategykit.cluster.roles import is_multi_worker
 from strategykit.upstream import coordination
 
-EXIT_CODE = 42
+EXIT_CODE = PREEMPTED
 """The exit code of a worker that backed up and stopped on SIGTERM (TensorFlow's own)."""
 
 _DONE = "done"

@@ -19,12 +19,17 @@ import time
 from collections.abc import Sequence
 
 from strategykit.cluster import hang_watch, progress_file
+from strategykit.cluster.exit_codes import PREEMPTED
 from strategykit.cluster.orphan_guard import guarded
 from strategykit.cluster.worker_env import count, find_gpus, free_ports, gpu_assignment, worker_env
 from strategykit.cluster.worker_output import LineForwarder, Terminal, forward
 
 GRACE_SECONDS = 3.0
-"""How long a stopped worker has after SIGTERM before its process group gets SIGKILL."""
+"""How long a worker stopped after a peer's failure has, after SIGTERM, before SIGKILL."""
+
+PREEMPTION_GRACE_SECONDS = 60.0
+"""How long the workers have to back up and exit after a SIGTERM (to the launcher or to a
+worker) before their process groups get SIGKILL."""
 
 _POLL_SECONDS = 0.05
 _OUTPUT_SECONDS = 5.0  # how long the last output of a job may take to arrive
@@ -59,7 +64,12 @@ def launch(command: Sequence[str], workers: int, restarts: int = 0, port: int | 
     every other worker's process group gets SIGTERM at once and SIGKILL
     `GRACE_SECONDS` (3 s) later; the launcher says on stderr which worker died and how,
     then starts the whole job again while restarts are left. SIGINT or SIGTERM to the
-    launcher stops all workers the same way. When the job ends, nothing is left running
+    launcher is passed on to every worker: with `sk.callbacks.BackupAndRestore`, they
+    back up the step they agree on and exit 42 (`exit_codes.PREEMPTED`); after
+    `PREEMPTION_GRACE_SECONDS` (60 s) what still runs gets SIGKILL. A worker that
+    exits 42 by itself (it received SIGTERM) has the others stop after the same step;
+    the launcher waits for them and restarts the job from that backup while restarts
+    are left. When the job ends, nothing is left running
     in any worker's process group. On Linux a launcher killed by SIGKILL (which it cannot
     catch) takes its workers with it: the kernel sends each SIGKILL
     (`strategykit.cluster.orphan_guard`). A job in which no worker has made training
@@ -80,8 +90,8 @@ def launch(command: Sequence[str], workers: int, restarts: int = 0, port: int | 
     Returns:
         The exit code: 0 when every worker exited 0; after the last allowed attempt
         failed, the failed worker's exit code, or 128 + N when it was killed by signal N
-        (as a shell reports it), or 124 when it hung; 130 on SIGINT, 143 on SIGTERM to
-        the launcher.
+        (as a shell reports it), 124 when it hung, 42 when the workers backed up and
+        stopped on SIGTERM; 130 on SIGINT, 143 on SIGTERM to the launcher.
 
     Raises:
         ValueError: a bad argument (no command or a string for one, `workers` < 1,
@@ -161,10 +171,16 @@ def _run_job(command: list[str], attempt: int, ports: list[int], devices: list[s
                 pipe = getattr(process, stream)
                 readers.append(forward(os.dup(pipe.fileno()), LineForwarder(terminal, k, stream)))
                 pipe.close()
+        preempted_by = None  # the deadline of the workers' backup after a SIGTERM
         while stop.signal is None:
             codes = [process.poll() for process in processes]
             failed = _first_failed(codes)
-            if failed is not None or all(code == 0 for code in codes):
+            if PREEMPTED in codes and preempted_by is None:
+                preempted_by = time.monotonic() + PREEMPTION_GRACE_SECONDS
+            if preempted_by is not None:  # the others stop after the same step
+                if None not in codes or time.monotonic() > preempted_by:
+                    break
+            elif failed is not None or all(code == 0 for code in codes):
                 break
             hung = watch.check(time.time())
             if hung is not None:  # a stopped process ignores SIGTERM: no grace
@@ -172,7 +188,7 @@ def _run_job(command: list[str], attempt: int, ports: list[int], devices: list[s
                 break
             time.sleep(_POLL_SECONDS)
     finally:
-        stopped = _stop(processes)
+        stopped = _stop(processes, PREEMPTION_GRACE_SECONDS if stop.signal else GRACE_SECONDS)
         shutil.rmtree(reports, ignore_errors=True)
         deadline = time.monotonic() + _OUTPUT_SECONDS
         for reader in readers:
@@ -188,6 +204,10 @@ def _run_job(command: list[str], attempt: int, ports: list[int], devices: list[s
     if failed is None:
         return 0
     code = processes[failed].returncode
+    if code == PREEMPTED:
+        terminal.note(f"after a SIGTERM every worker backed up the same step and stopped "
+                      f"(exit {PREEMPTED}){others}.")
+        return code
     if code > 0:
         terminal.note(f"worker {failed} exited with code {code}{others}.")
         return code
@@ -227,15 +247,15 @@ def _cannot_start(command: list[str], reason: str) -> ValueError:
                      f"command={command}. Check the command after --.")
 
 
-def _stop(processes: list[subprocess.Popen]) -> list[int]:
-    """Stops every worker's process group: SIGTERM, then SIGKILL after the grace.
+def _stop(processes: list[subprocess.Popen], grace: float) -> list[int]:
+    """Stops every worker's process group: SIGTERM, then SIGKILL after `grace` seconds.
 
     Returns:
         The indices of the workers that were still running.
     """
     running = [k for k, process in enumerate(processes) if process.poll() is None]
     signal_groups(processes, signal.SIGTERM)
-    deadline = time.monotonic() + GRACE_SECONDS
+    deadline = time.monotonic() + grace
     while time.monotonic() < deadline and any(map(_group_alive, processes)):
         time.sleep(_POLL_SECONDS)
     signal_groups(processes, signal.SIGKILL)

@@ -12,6 +12,7 @@ process group, killed with it when the test's timeout passes.
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -22,6 +23,8 @@ import pytest
 from test_multi_worker import PER_REPLICA, build_model, training_data
 
 from workers import TEST_PATHS
+
+import strategykit as sk
 
 EPOCHS = 6
 TIMEOUT = 300
@@ -63,7 +66,19 @@ class Record(keras.callbacks.Callback):
         if first_attempt and worker == victim and epoch == 3:
             die()
 
+    def on_train_batch_end(self, batch, logs=None):
+        if sk.is_chief():
+            with open(f"{{out}}/steps-{{run}}", "a") as file:
+                file.write(f"{{self.epoch}}\\n")
+
     def on_train_batch_begin(self, batch, logs=None):
+        if run == "0" and (self.epoch, batch) == (2, 2):  # the 3rd epoch, its 3rd step
+            target = {{("sigterm-worker", 1): os.getpid(),
+                       ("sigterm-launcher", 0): os.getppid()}}.get((how, worker))
+            if target:  # as a scheduler preempting the worker or the whole job would
+                with open(f"{{out}}/sigterm", "w") as file:
+                    file.write(str(time.time()))
+                os.kill(target, signal.SIGTERM)
         if how == "stop-in-epoch-2" and first_attempt and worker == 1 and (
                 self.epoch, batch) == (2, 3):  # 0-based: the 3rd epoch, its 4th step
             time.sleep(2)  # its report of step 3 written first (a heartbeat a second)
@@ -84,12 +99,15 @@ if how == "while-writing" and first_attempt and worker == 0:
 
     keras.Model.save_weights = torn_save
 
+import atexit
+atexit.register(lambda: open(f"{{out}}/exited-{{run}}-{{worker}}", "w").write(str(time.time())))
 strategy = sk.from_env()
 x, y = training_data()
 with strategy.scope():
     model = build_model()
-model.fit(sk.shard((x, y), strategy, global_batch_size=PER_REPLICA * 2), epochs=EPOCHS,
-          verbose=0, shuffle=False,
+shuffled = how.startswith("sigterm")  # each epoch in the order of (seed, epoch)
+model.fit(sk.shard((x, y), strategy, global_batch_size=PER_REPLICA * 2, shuffle=shuffled,
+                   seed=11 if shuffled else None), epochs=EPOCHS, verbose=0, shuffle=False,
           callbacks=[Record(), sk.callbacks.BackupAndRestore(f"{{out}}/backup")])
 if sk.is_chief():
     with open(f"{{out}}/weights.json", "w") as file:
@@ -135,10 +153,19 @@ def _epochs(out, run):
     return [int(line) for line in (out / f"epochs-{run}").read_text().split()]
 
 
-def _assert_uninterrupted_weights(out):
+def _assert_uninterrupted_weights(out, strategy=None):
+    """Weights equal one device's trained without interruption on the global batch
+    (shuffled by `sk.shard(..., shuffle=True, seed=11)` on `strategy`'s one replica)."""
     x, y = training_data()
     reference = build_model()
-    reference.fit(x, y, batch_size=PER_REPLICA * 2, epochs=EPOCHS, verbose=0, shuffle=False)
+    if strategy is None:
+        reference.fit(x, y, batch_size=PER_REPLICA * 2, epochs=EPOCHS, verbose=0,
+                      shuffle=False)
+    else:
+        with strategy.scope():
+            reference = build_model()
+        reference.fit(sk.shard((x, y), strategy, global_batch_size=PER_REPLICA * 2,
+                               shuffle=True, seed=11), epochs=EPOCHS, verbose=0)
     weights = json.loads((out / "weights.json").read_text())
     for got, expected in zip(weights, reference.get_weights()):
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
@@ -202,3 +229,43 @@ def test_a_backup_of_one_process_resumes_on_two_workers(tmp_path):
     assert _epochs(out, "plain") == [0, 1, 2, 3]
     assert _epochs(out, "launched") == [3, 4, 5]
     _assert_uninterrupted_weights(out)
+
+
+def _steps(out, run):
+    """Steps the chief trained in each epoch of a run."""
+    epochs = [int(line) for line in (out / f"steps-{run}").read_text().split()]
+    return {epoch: epochs.count(epoch) for epoch in sorted(set(epochs))}
+
+
+def _exited(out, run):
+    return max(float((out / f"exited-{run}-{k}").read_text()) for k in range(2))
+
+
+def test_sigterm_to_a_worker_backs_up_its_step_and_the_restart_goes_on_from_there(
+        tmp_path, make_strategy):
+    code, err, _, out = _launch(tmp_path, "sigterm-worker", "--restarts", "1")
+    assert code == 0, err[-4000:]
+    assert "after a SIGTERM every worker backed up the same step and stopped (exit 42)" in err
+    # Worker 1 got it during step 3; the others may be in step 4 by the time they hear.
+    assert "backed up epoch 3, step 4" in err
+    assert "restarting the job (restart 1 of 1)" in err
+    assert _steps(out, 0) == {0: 6, 1: 6, 2: 4}
+    assert _steps(out, 1) == {2: 2, 3: 6, 4: 6, 5: 6}  # nothing redone, nothing skipped
+    _assert_uninterrupted_weights(out, make_strategy(1))
+    print(f"SIGTERM to every worker exited: {_exited(out, 0) - float((out / 'sigterm').read_text()):.2f} s")
+
+
+def test_sigterm_to_the_launcher_backs_up_and_the_same_command_resumes(tmp_path, make_strategy):
+    code, err, _, out = _launch(tmp_path, "sigterm-launcher")
+    assert code == 128 + signal.SIGTERM, err[-4000:]
+    assert "received SIGTERM; stopped 2 workers" in err
+    # Passed on to both workers during step 3: backed up after a later step of epoch 3.
+    step = int(re.search(r"backed up epoch 3, step (\d+) to", err).group(1))
+    assert not (out / "weights.json").exists()
+    print(f"SIGTERM to every worker exited: {_exited(out, 0) - float((out / 'sigterm').read_text()):.2f} s")
+    code, err, _, out = _launch(tmp_path, "sigterm-launcher", run="again")  # a requeue
+    assert code == 0, err[-4000:]
+    assert _steps(out, 0) == {0: 6, 1: 6, 2: step}
+    resumed = {2: 6 - step} if step < 6 else {}  # none left of epoch 3 after its 6th
+    assert _steps(out, "again") == {**resumed, 3: 6, 4: 6, 5: 6}
+    _assert_uninterrupted_weights(out, make_strategy(1))
