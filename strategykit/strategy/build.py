@@ -7,7 +7,7 @@ import itertools
 import tensorflow as tf
 
 from strategykit import upstream
-from strategykit.cluster import progress_reporter, slurm
+from strategykit.cluster import progress_reporter, slurm, stall_watchdog
 from strategykit.cluster.tf_config import count_workers, read_tf_config
 from strategykit.strategy import devices as _devices
 from strategykit.upstream.every_fit import add_to_every_fit
@@ -111,8 +111,8 @@ def from_env(*, cross_device_ops: str | tf.distribute.CrossDeviceOps = "auto"):
 
     Raises:
         ValueError: `TF_CONFIG` is malformed (the message names the bad field), a SLURM
-            variable or `STRATEGYKIT_PORT` is malformed, or `cross_device_ops` is neither
-            `"auto"` nor `"nccl"` across workers.
+            variable, `STRATEGYKIT_PORT` or `STRATEGYKIT_HANG_TIMEOUT` is malformed, or
+            `cross_device_ops` is neither `"auto"` nor `"nccl"` across workers.
         RuntimeError: under SLURM, the node list cannot be expanded (Slurm's `scontrol`
             is missing or fails) or a task is on another node than expected.
 
@@ -128,7 +128,11 @@ def from_env(*, cross_device_ops: str | tf.distribute.CrossDeviceOps = "auto"):
         returns one worker of a `MultiWorkerMirroredStrategy`.
 
     Under `strategykit launch` it also has this worker report its training progress to
-    the launcher's hang watch (`strategykit.cluster.progress_reporter`).
+    the launcher's hang watch (`strategykit.cluster.progress_reporter`). Without the
+    launcher, each worker of several watches itself: no step completed for
+    `STRATEGYKIT_HANG_TIMEOUT` seconds (default 300, 0 off) inside `fit()`,
+    `evaluate()` or `predict()` ends it with code 124, so a stuck job fails instead of
+    waiting forever (`strategykit.cluster.stall_watchdog`).
     """
     if progress_reporter.reporter() is not None:
         add_to_every_fit(progress_reporter.reporter())
@@ -136,12 +140,14 @@ def from_env(*, cross_device_ops: str | tf.distribute.CrossDeviceOps = "auto"):
     if not config and slurm.slurm_tasks() > 1:
         options = _multi_worker_options(cross_device_ops)
         resolver = slurm.slurm_resolver()
+        _watch_for_stalls(resolver.task_id)
         upstream.install()
         return tf.distribute.MultiWorkerMirroredStrategy(
             cluster_resolver=resolver, communication_options=options
         )
     if count_workers(config) <= 1:
         return mirrored(cross_device_ops=cross_device_ops)
+    _watch_for_stalls(config["task"].get("index", 0))
     upstream.install()
     return tf.distribute.MultiWorkerMirroredStrategy(
         communication_options=_multi_worker_options(cross_device_ops)
@@ -188,6 +194,12 @@ def _cross_device_ops(choice):
     if choice == "hierarchical_copy":
         return tf.distribute.HierarchicalCopyAllReduce()
     return tf.distribute.ReductionToOneDevice()
+
+
+def _watch_for_stalls(worker: int) -> None:
+    """Without the launcher (which watches the job), each worker watches itself."""
+    if progress_reporter.reporter() is None:
+        add_to_every_fit(stall_watchdog.reporter(worker))
 
 
 def _multi_worker_options(choice) -> tf.distribute.experimental.CommunicationOptions:
