@@ -488,3 +488,25 @@ def test_other_lines_are_never_lost():
 def test_the_worker_named_is_the_likelier_cause(codes, failed):
     # A worker killed by a signal breaks its peers' collectives: they fail a moment later.
     assert launch_module._first_failed(codes) == failed
+
+
+_TF_LOG_LINE = re.compile(r"^\[worker \d\] ([IWEF]\d{4} |WARNING: All log messages before absl)",
+                          re.MULTILINE)
+
+
+def test_workers_print_no_tensorflow_log_lines_unless_verbose(tmp_path):
+    # Importing TensorFlow and running an op prints C++ log lines (oneDNN, CUDA) that
+    # TF_CPP_MIN_LOG_LEVEL alone does not silence; the launcher drops them as the
+    # strategykit command itself does, and --verbose shows them.
+    job = Job(tmp_path)
+    job.worker("""
+        import tensorflow as tf
+        print("sum", int(tf.constant(1) + 1), file=sys.stderr)
+    """)
+    quiet = job.run("--workers", "2")
+    assert quiet.returncode == 0, quiet.stderr
+    assert quiet.stderr.count("] sum 2\n") == 2
+    assert not _TF_LOG_LINE.search(quiet.stderr), quiet.stderr
+    verbose = job.run("--verbose", "--workers", "2")
+    assert verbose.returncode == 0, verbose.stderr
+    assert _TF_LOG_LINE.search(verbose.stderr), verbose.stderr
