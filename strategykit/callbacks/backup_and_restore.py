@@ -240,8 +240,9 @@ class BackupAndRestore(keras.callbacks.Callback):
         positions = every_replica(tf.constant(position, tf.int64), strategy).numpy().tolist()
         if len(set(positions)) > 1:
             by_worker = positions[::len(strategy.extended.worker_devices)]
-            resumed = ", ".join(f"worker {k} at epoch {p // 1_000_000}, step {p % 1_000_000}"
-                                for k, p in enumerate(by_worker))
+            resumed = ", ".join(
+                f"worker {k} at epoch {p // 1_000_000}" + (f", step {p % 1_000_000}" * bool(
+                    p % 1_000_000)) for k, p in enumerate(by_worker))
             raise ValueError(
                 f"The workers resumed from different backups: {resumed}. Received: "
                 f"backup_dir={self.backup_dir!r} on every worker. Every worker must read "

@@ -62,7 +62,11 @@ class Preemption:
                              name="strategykit-preemption-watch").start()
 
     def stop(self) -> None:
-        """Restores SIGTERM; a signal that came too late to stop training ends the process."""
+        """Gives SIGTERM back to its handler before `fit()`.
+
+        A signal that came too late to stop training (its last step was done) does not
+        end the process: your code after `fit()` (saving the model, say) still runs, and
+        the scheduler ends the process when its grace period is over."""
         if self._workers is not None:
             coordination.set_key(self._stop_key, _DONE)  # releases every watcher
         previous = _caught["previous"]
@@ -70,13 +74,6 @@ class Preemption:
         if previous is not _NOT_CAUGHT:
             # None: a handler not set from Python (TensorFlow's, which ignores SIGTERM)
             signal.signal(signal.SIGTERM, previous or signal.SIG_DFL)
-            if self._signalled.is_set() and self._stop_after is None:
-                signal.raise_signal(signal.SIGTERM)
-
-    @property
-    def signalled(self) -> bool:
-        """Whether this process received SIGTERM."""
-        return self._signalled.is_set()
 
     def after_step(self, step: int) -> bool:
         """Whether to back up and stop now, after the `step`-th step of this fit."""

@@ -161,8 +161,12 @@ def run_demo(
     out.mkdir(parents=True, exist_ok=True)
     data = datasets.load_tfds_images(dataset, data_dir) if dataset else datasets.load_digits()
     keras.utils.set_random_seed(seed)
+    # The final 3 of 1,347 examples are dropped (3 others every epoch): a step of 3 real
+    # examples would normalize batch norm over those 3 alone, a step that sets training back.
+    # Data smaller than one global batch is padded instead.
     train = shard((data.x_train, data.y_train), strategy, global_batch_size=GLOBAL_BATCH_SIZE,
-                  shuffle=True, seed=seed)
+                  shuffle=True, seed=seed,
+                  drop_remainder=len(data.x_train) >= GLOBAL_BATCH_SIZE)
     # Split, not padded: the test accuracy counts every test example exactly once.
     test = shard((data.x_test, data.y_test), strategy, global_batch_size=GLOBAL_BATCH_SIZE,
                  pad_remainder=False)

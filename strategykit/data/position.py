@@ -16,6 +16,8 @@ when each pass starts; they are made when `sk.shard` first needs them.
 
 from __future__ import annotations
 
+import threading
+
 import keras
 import tensorflow as tf
 
@@ -25,11 +27,21 @@ _VARIABLES: dict = {}
 
 
 def _variables() -> dict:
-    """The position variables `{"epoch", "skip"}`, made once, outside any strategy."""
+    """The position variables `{"epoch", "skip"}` of this host, made once.
+
+    They are made in a thread of their own: a strategy's scope holds for the thread that
+    entered it, and a variable made inside one would be mirrored over its devices.
+    """
     if not _VARIABLES:
-        with tf.init_scope(), tf.device("/cpu:0"):
-            _VARIABLES["epoch"] = tf.Variable(0, dtype=tf.int64, trainable=False)
-            _VARIABLES["skip"] = tf.Variable(0, dtype=tf.int64, trainable=False)
+
+        def make():
+            with tf.device("/cpu:0"):
+                for name in ("epoch", "skip"):
+                    _VARIABLES[name] = tf.Variable(0, dtype=tf.int64, trainable=False)
+
+        maker = threading.Thread(target=make, name="strategykit-position")
+        maker.start()
+        maker.join()
         add_to_every_fit(EpochTracker)
     return _VARIABLES
 

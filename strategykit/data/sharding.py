@@ -20,6 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from strategykit.cluster.roles import is_multi_worker
+from strategykit.data import position
 from strategykit.data.batching import split_labels
 from strategykit.data.pipeline import make_pipeline
 from strategykit.data.sources import check_size, examples_source
@@ -124,8 +125,12 @@ def shard(
         strategy: the `tf.distribute.Strategy`.
         global_batch_size: examples per step over all replicas; a multiple of them.
         shuffle: reshuffle the examples every epoch. Default False.
-        seed: shuffle seed; the same seed gives the same orders. Default None (random);
-            required with `shuffle=True` across several workers (one seed for all).
+            With a `seed`, epoch `e` of `fit()` is ordered by `(seed, e)` alone (and so
+            are the seeds of `augment`): a run resumed by
+            `sk.callbacks.BackupAndRestore` sees the orders of an uninterrupted one.
+        seed: shuffle seed; the same seed gives the same orders. Default None (random,
+            a new order every pass); required with `shuffle=True` across several
+            workers (one seed for all).
         drop_remainder: drop the final partial batch. Default False.
         pad_remainder: pad the final partial batch (above) rather than split it
             unevenly. Default True; False for evaluation.
@@ -194,7 +199,7 @@ def shard(
 
 
 def replica_batches(ds, strategy: tf.distribute.Strategy, steps: int | None = None, *,
-                    padding: bool = False) -> list:
+                    padding: bool = False, epoch: int | None = None) -> list:
     """What each replica receives: per step, per replica, the values of the first input.
 
     Args:
@@ -202,6 +207,8 @@ def replica_batches(ds, strategy: tf.distribute.Strategy, steps: int | None = No
         strategy: its strategy.
         steps: steps to read. Default: all (one epoch).
         padding: include padded examples (sample weight 0). Default False.
+        epoch: the epoch of `fit()` to show (it keys `sk.shard`'s shuffle order with a
+            seed). Default None: the epoch of the last `fit()`, 0 before any.
 
     Returns:
         A list over steps of lists over replicas of lists of values (the first tensor of
@@ -216,6 +223,8 @@ def replica_batches(ds, strategy: tf.distribute.Strategy, steps: int | None = No
         [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]
     """
     _check_strategy(strategy)
+    if epoch is not None:
+        position.set_epoch(epoch)
     weighted = _WEIGHTED.get(ds, False)
     result = []
     for step, element in enumerate(ds):

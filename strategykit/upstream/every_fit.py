@@ -47,12 +47,13 @@ def remove_from_every_fit(make) -> None:
         keras.callbacks.CallbackList.__init__ = _ORIGINAL_INIT
 
 
-def _init_with_added(self, *args, **kwargs):
-    _ORIGINAL_INIT(self, *args, **kwargs)
+def _init_with_added(self, callbacks=None, add_history=False, add_progbar=False, model=None,
+                     **params):
+    _ORIGINAL_INIT(self, callbacks, add_history, add_progbar, model, **params)
     for make in _MAKERS:
         callback = make()
         if not any(type(existing) is type(callback) for existing in self.callbacks):
-            if self.model is not None:
-                callback.set_model(self.model)
-            callback.set_params(self.params)
+            if model is not None:
+                callback.set_model(model)
+            callback.set_params(params)
             self.callbacks.append(callback)

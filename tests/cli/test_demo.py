@@ -39,7 +39,7 @@ def test_the_readme_demo_reaches_95_percent_and_writes_its_plot_and_history(tmp_
     output = result.stdout + result.stderr
     assert not [line for line in output.splitlines() if TF_LOG_LINE.match(line)]
     lines = progress_lines(result.stdout)
-    assert lines[-1].startswith("22/22 ") and "loss/min:" in lines[-1]
+    assert lines[-1].startswith("21/21 ") and "loss/min:" in lines[-1]
     assert not [line for line in lines if "loss/replica_" in line]
     assert max(len(line) for line in lines) <= 160
     assert "ran out of data" not in output

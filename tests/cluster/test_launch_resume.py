@@ -125,12 +125,7 @@ def _launch(tmp_path, how, *launch_options, run=None):
          *launch_options, "--", sys.executable, str(script), str(out), how],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **({"TEST_RUN": run} if run else {})})
-    try:
-        _, err = launcher.communicate(timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(launcher.pid, signal.SIGKILL)
-        launcher.communicate()
-        pytest.fail(f"strategykit launch still running after {TIMEOUT} s; killed")
+    err = _finish(launcher, "strategykit launch")
     return launcher.returncode, err, time.time(), out
 
 
@@ -140,13 +135,18 @@ def _plain_run(tmp_path, how, run):
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, start_new_session=True,
                                env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "TEST_RUN": run})
+    return process.returncode, _finish(process, "the plain run")
+
+
+def _finish(process, what):
+    """The process's stderr once it ends; its group killed and the test failed after
+    TIMEOUT."""
     try:
-        _, err = process.communicate(timeout=TIMEOUT)
+        return process.communicate(timeout=TIMEOUT)[1]
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         process.communicate()
-        pytest.fail(f"the plain run still ran after {TIMEOUT} s; killed")
-    return process.returncode, err
+        pytest.fail(f"{what} still running after {TIMEOUT} s; killed")
 
 
 def _epochs(out, run):

@@ -96,6 +96,18 @@ def test_shuffled_every_example_once(make_strategy, source, replicas, drop):
     assert sk.replica_batches(again, strategy) == epochs[0]  # reproducible from the seed
 
 
+def test_the_training_position_is_the_hosts_even_when_sharded_inside_a_scope(
+        make_strategy, monkeypatch):
+    monkeypatch.setattr(position, "_VARIABLES", {})  # made afresh by this test's shard
+    strategy = make_strategy(2)
+    with strategy.scope():
+        ds = sk.shard((np.arange(8), np.arange(8)), strategy, global_batch_size=4,
+                      shuffle=True, seed=1)
+    assert not isinstance(position._VARIABLES["epoch"], tf.distribute.DistributedValues)
+    position.set_epoch(3)
+    assert len(sk.replica_batches(ds, strategy)) == 2
+
+
 @pytest.mark.parametrize("source", ["numpy", "fn"])
 def test_a_resumed_pass_starts_after_the_steps_done_and_the_next_pass_whole(
         make_strategy, source):
