@@ -29,6 +29,7 @@ import keras
 import tensorflow as tf
 
 from strategykit.batchnorm.unsynchronized import unsynchronized_batch_norms
+from strategykit.callbacks.backup_record import read_record, record_of, replicas_text, write_record
 from strategykit.callbacks.preemption import EXIT_CODE, Preemption
 from strategykit.cluster.chief_files import writable_path
 from strategykit.cluster.roles import is_chief, is_multi_worker
@@ -39,7 +40,6 @@ _BACKUP = re.compile(r"^backup-(\d+)$")
 _WRITING = ".writing"
 _METADATA = "training_metadata.json"  # what Keras's BackupAndRestore writes and reads
 _WEIGHTS = "latest.weights.h5"  # Keras's file name
-_WRITTEN_BY = "strategykit.json"  # the replicas and workers that wrote a backup, its step
 _RAN_OUT = "Your input ran out of data"  # Keras, at the end of a resumed (shorter) epoch
 
 
@@ -113,7 +113,7 @@ class BackupAndRestore(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         strategy = self.model.distribute_strategy
         self._chief = is_chief(strategy)
-        self._written_by = _written_by(strategy)
+        self._written_by = record_of(strategy)
         epoch, step, backup = self._restore()
         if is_multi_worker(strategy):
             self._check_every_worker_restored(strategy, epoch * 1_000_000 + step)
@@ -209,13 +209,13 @@ class BackupAndRestore(keras.callbacks.Callback):
                 continue
             with open(os.path.join(backup, _METADATA)) as file:
                 epoch = int(json.load(file)["epoch"])
-            return epoch, _read_written_by(backup).get("step", 0), backup
+            return epoch, read_record(backup).get("step", 0), backup
         return 0, 0, None
 
     def _warn_if_inexact(self, backup: str) -> None:
         """Warns when the backup was written by another number of replicas and the model
         has batch norm that is not synchronized (its per-replica batch has changed)."""
-        then = _read_written_by(backup)
+        then = read_record(backup)
         if not then:  # written before backups recorded it
             return
         now = self._written_by
@@ -223,8 +223,8 @@ class BackupAndRestore(keras.callbacks.Callback):
         if then["replicas"] == now["replicas"] or not layers:
             return
         warnings.warn(
-            f"Resuming from {backup}, written by {_replicas_text(then)}, on "
-            f"{_replicas_text(now)}: the batch norm layers {layers} are not synchronized, "
+            f"Resuming from {backup}, written by {replicas_text(then)}, on "
+            f"{replicas_text(now)}: the batch norm layers {layers} are not synchronized, "
             f"so each normalizes over its replica's share of the global batch, now 1/"
             f"{now['replicas']} instead of 1/{then['replicas']}. Training goes on, but not "
             "exactly as the uninterrupted run would have. For an exact resume on any number "
@@ -259,23 +259,13 @@ class BackupAndRestore(keras.callbacks.Callback):
         if not self._chief:
             shutil.rmtree(writing)
             return
-        with open(os.path.join(writing, _WRITTEN_BY), "w") as file:
-            json.dump({**self._written_by, "step": step}, file)
+        write_record(writing, {**self._written_by, "step": step})
         existing = self.backups()
         number = int(_BACKUP.match(os.path.basename(existing[-1])).group(1)) + 1 if (
             existing) else 0
         os.rename(writing, os.path.join(self.backup_dir, f"backup-{number:06d}"))
         for old in existing[:len(existing) - (1 if self.double_checkpoint else 0)]:
             shutil.rmtree(old, ignore_errors=True)
-
-
-def _read_written_by(backup: str) -> dict:
-    """What `strategykit.json` of a backup records; {} for a backup without it."""
-    try:
-        with open(os.path.join(backup, _WRITTEN_BY)) as file:
-            return json.load(file)
-    except FileNotFoundError:
-        return {}
 
 
 def _ignore_warning(message: str):
@@ -287,16 +277,3 @@ def _ignore_warning(message: str):
 def _stop_ignoring(entry) -> None:
     if entry is not None and entry in warnings.filters:
         warnings.filters.remove(entry)
-
-
-def _written_by(strategy: tf.distribute.Strategy) -> dict:
-    """The replicas and worker processes of `strategy`, as a backup records them."""
-    replicas = strategy.num_replicas_in_sync
-    local = len(strategy.extended.worker_devices) if is_multi_worker(strategy) else replicas
-    return {"replicas": replicas, "workers": replicas // max(local, 1)}
-
-
-def _replicas_text(written_by: dict) -> str:
-    replicas, workers = written_by["replicas"], written_by["workers"]
-    text = f"{replicas} replica{'s' * (replicas != 1)}"
-    return text + (f" on {workers} workers" if workers > 1 else "")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import tensorflow as tf
-
 # -- Keras reads a distributed dataset's steps from a count tf.data may not know --
 #
 # Keras takes the steps of an epoch from `DistributedDataset.cardinality`

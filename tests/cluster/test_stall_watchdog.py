@@ -13,6 +13,7 @@ import pytest
 
 from strategykit.cluster import stall_watchdog
 from strategykit.cluster.stall_watchdog import Watch
+
 from workers import run_workers
 
 _STUCK_WORKER = """
