@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from strategykit.upstream.exact_metrics import pad_weights_like
+
 
 def split_labels(element):
     """Splits an example into `(x, y, sample_weight)`; `y` and the weight may be None.
@@ -205,7 +207,7 @@ def _pad(element, batch_size: int, replicas: int, *, weighted: bool = False):
         x, y, weight = out
         scale = tf.cast(batch_size, tf.float32) / tf.cast(size, tf.float32)
         real = _to_rank(real, weight.shape.rank)  # one flag per example, over its pixels
-        return x, y, tf.where(real, weight * scale, tf.zeros_like(weight))
+        return x, y, tf.where(real, weight * scale, pad_weights_like(weight))
 
     full = tf.cond(size < batch_size, padded, lambda: element)
     # Every batch is full now: say so in the static shape. tf.distribute then takes the

@@ -21,6 +21,8 @@ Fixes, one module each:
   `MultiWorkerMirroredStrategy` of several workers.
 * `worker_files`, keras-team/keras#20585: Keras's file-writing callbacks
   (`ModelCheckpoint`, `CSVLogger`, `TensorBoard`) write only on the chief.
+* `exact_metrics`, tensorflow/tensorflow#39268: Keras's metrics and its `loss` over
+  the real examples of `sk.shard`'s padded final batch, with the user's weights.
 * `step_count`: the steps Keras reads from a distributed dataset; not a `Fix` but
   `state_steps`, which `sk.shard` applies to the datasets it makes.
 * `coordination`: the job's key-value store (TensorFlow's coordination service),
@@ -34,15 +36,15 @@ Example:
     ...     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
     ...     model.compile(keras.optimizers.Adam(gradient_accumulation_steps=4), "mse")
     >>> sorted({fix.issue for fix in sk.upstream.FIXES})
-    ['keras-team/keras#20582', 'keras-team/keras#20585']
+    ['keras-team/keras#20582', 'keras-team/keras#20585', 'tensorflow/tensorflow#39268']
 """
 
-from strategykit.upstream import accumulation, multi_worker, worker_files
+from strategykit.upstream import accumulation, exact_metrics, multi_worker, worker_files
 from strategykit.upstream.coordination import COORDINATION_RELIES_ON
 from strategykit.upstream.fix import CHECKED_ON, Fix, fingerprint, original, resolve
 from strategykit.upstream.step_count import STEPS_RELIES_ON, state_steps
 
-FIXES = (*accumulation.FIXES, *multi_worker.FIXES, *worker_files.FIXES)
+FIXES = (*accumulation.FIXES, *multi_worker.FIXES, *worker_files.FIXES, *exact_metrics.FIXES)
 """Every fix, in the order `install()` installs them."""
 
 __all__ = ["CHECKED_ON", "COORDINATION_RELIES_ON", "FIXES", "STEPS_RELIES_ON", "Fix", "fingerprint",

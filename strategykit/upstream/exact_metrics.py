@@ -1,0 +1,154 @@
+"""Keras's metrics and its `loss` under a strategy: over the real examples, as one device.
+
+tensorflow/tensorflow#39268: under a `tf.distribute` strategy the numbers Keras reports
+are not those of one device. `sk.shard` pads the final partial batch to a full global
+batch so that every replica computes, and weighs its `r` real examples by
+`global_batch_size / r` so that the loss and the gradients are those of one device. Keras
+then counts the padded copies in every metric of `compile(metrics=...)`, sees the
+scaled weights in every metric of `weighted_metrics=`, and weighs each replica's loss
+by its padded batch size in its `loss` tracker. These fixes give Keras's own train and
+test steps the batch one device would have seen:
+
+* `Trainer._compute_loss` (Keras's steps call it just before adding the step's loss to
+  the `loss` tracker, weighted by the batch size): after the loss, each replica counts
+  its real examples and one all-reduce adds up the step's real and padded counts; the
+  tracker's `total` and `count` are corrected to `loss x real examples`, as one device
+  adds them. The counts are kept for the step's `compute_metrics`.
+* `Trainer.compute_metrics`: the compiled metrics are updated with the real examples
+  only (`tf.boolean_mask`), and with the weights the user gave (the scaled weights
+  times `r / global_batch_size`).
+
+A padded copy carries a sample weight of negative zero (`PAD_WEIGHT`): it adds nothing
+to a loss, as zero does, and tells the copies from real examples that the user weighed
+0 (which one device counts in `metrics=`). Full batches (`r` equals the global batch)
+are unchanged: the correction adds zero and the mask keeps every example. Outside a
+replica context, or without sample weights, both hand over to Keras unchanged.
+
+Every replica still updates its own copy of each metric with its own examples, and
+Keras adds the copies up when it reads a metric: exact for every metric whose state is
+a sum over examples (all of Keras's built-in metrics).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import tensorflow as tf
+
+from strategykit.upstream.fix import CHECKED_ON, Fix, original, resolve
+
+ISSUE = "tensorflow/tensorflow#39268"
+_TRAINER = "keras.src.trainers.trainer:Trainer"
+PAD_WEIGHT = -0.0
+"""The sample weight of a padded copy: negative zero (see the module docstring)."""
+
+_latest = threading.local()  # this replica's counts, from _compute_loss to compute_metrics
+
+
+def pad_weights_like(weight: tf.Tensor) -> tf.Tensor:
+    """Weights of padded copies shaped as `weight`: all `PAD_WEIGHT`."""
+    return tf.fill(tf.shape(weight), tf.constant(PAD_WEIGHT, weight.dtype))
+
+
+def real_examples(sample_weight) -> tf.Tensor:
+    """A bool per example of the batch: False for a padded copy (weight `PAD_WEIGHT`).
+
+    Example:
+        >>> import tensorflow as tf
+        >>> real_examples(tf.constant([2.0, 0.0, -0.0])).numpy().tolist()
+        [True, True, False]
+    """
+    weight = tf.nest.flatten(sample_weight)[0]
+    per_example = tf.cast(tf.reshape(weight, [tf.shape(weight)[0], -1])[:, 0], tf.float32)
+    negative = tf.bitcast(per_example, tf.int32) < 0  # the sign bit, also of -0.0
+    return tf.logical_not(tf.logical_and(tf.equal(per_example, 0.0), negative))
+
+
+def _applies(sample_weight) -> bool:
+    return (sample_weight is not None and tf.distribute.has_strategy()
+            and not tf.distribute.in_cross_replica_context())
+
+
+def _step_counts(sample_weight, batch_size):
+    """`(real, fraction)`: this replica's real-example mask, and the step's real
+    examples over all its examples (one all-reduce over the replicas)."""
+    real = real_examples(sample_weight)
+    counts = tf.stack([tf.reduce_sum(tf.cast(real, tf.float32)),
+                       tf.cast(batch_size, tf.float32)])
+    total = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, counts)
+    return real, total[0] / total[1]
+
+
+def _batch_size(x, sample_weight):
+    flat = [t for t in tf.nest.flatten(x) if t is not None]
+    return tf.shape(flat[0] if flat else tf.nest.flatten(sample_weight)[0])[0]
+
+
+def compute_loss_over_real_examples(self, x=None, y=None, y_pred=None, sample_weight=None,
+                                    training=True):
+    """Keras's `_compute_loss`, then the `loss` tracker corrected to the real examples."""
+    loss = original(_owner(), "_compute_loss")(
+        self, x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=training)
+    _latest.counts = None
+    if loss is None or not _applies(sample_weight):
+        return loss
+    batch = _batch_size(x, sample_weight)
+    real, fraction = _step_counts(sample_weight, batch)
+    _latest.counts = (sample_weight, real, fraction)
+    tracker = getattr(self, "_loss_tracker", None)
+    if tracker is not None:
+        # Keras adds `loss x batch` (the loss unscaled by the replicas) and `batch`; one
+        # device adds the sum of the weighted losses of the real examples and their count.
+        replicas = tf.distribute.get_strategy().num_replicas_in_sync
+        batch = tf.cast(batch, tracker.dtype)
+        weighted_sum = tf.cast(loss, tracker.dtype) * replicas * batch
+        tracker.total.assign_add(weighted_sum * (tf.cast(fraction, tracker.dtype) - 1))
+        tracker.count.assign_add(tf.reduce_sum(tf.cast(real, tracker.dtype)) - batch)
+    return loss
+
+
+def compute_metrics_over_real_examples(self, x, y, y_pred, sample_weight=None):
+    """Keras's `compute_metrics` on the real examples, with the user's weights."""
+    own = original(_owner(), "compute_metrics")
+    if not _applies(sample_weight) or y is None:
+        return own(self, x, y, y_pred, sample_weight)
+    latest = getattr(_latest, "counts", None)
+    _latest.counts = None
+    if latest is not None and latest[0] is sample_weight:
+        _, real, fraction = latest
+    else:  # a step of its own that did not call Keras's _compute_loss
+        real, fraction = _step_counts(sample_weight, _batch_size(x, sample_weight))
+
+    def keep(tensor):
+        return None if tensor is None else tf.boolean_mask(tensor, real)
+
+    def unscale(weight):
+        return None if weight is None else keep(weight) * tf.cast(fraction, weight.dtype)
+
+    return own(self, x, tf.nest.map_structure(keep, y), tf.nest.map_structure(keep, y_pred),
+               tf.nest.map_structure(unscale, sample_weight))
+
+
+def _owner():
+    return resolve(_TRAINER)
+
+_RELIES_ON = {
+    # Keras's steps: `_compute_loss`, then the tracker gets `unscaled loss`, weighted by
+    # the batch size, then `compute_metrics` with the same sample weights.
+    "keras.src.backend.tensorflow.trainer:TensorFlowTrainer.train_step": "debf0efab9d5794b",
+    "keras.src.backend.tensorflow.trainer:TensorFlowTrainer.test_step": "a8f04a25512e74e2",
+    "keras.src.trainers.trainer:Trainer._compute_loss": "13153b89c765b0d6",
+    "keras.src.trainers.trainer:Trainer.compute_metrics": "8c5a423878e01a48",
+    # The tracker is a Mean: `total` and `count` added to by `update_state`.
+    "keras.src.metrics.reduction_metrics:Mean.update_state": "addc194e254fbb64",
+    # Unweighted metrics get no weights, weighted ones the step's.
+    "keras.src.trainers.compile_utils:CompileMetrics.update_state": "75fad85bf74f4a10",
+    "keras.src.losses.loss:unscale_loss_for_distribution": "3903c7ed7f69c5ac",
+}
+
+FIXES = (
+    Fix(issue=ISSUE, checked_on=CHECKED_ON, owner=_TRAINER, attribute="_compute_loss",
+        replacement=compute_loss_over_real_examples, relies_on=_RELIES_ON),
+    Fix(issue=ISSUE, checked_on=CHECKED_ON, owner=_TRAINER, attribute="compute_metrics",
+        replacement=compute_metrics_over_real_examples, relies_on=_RELIES_ON),
+)

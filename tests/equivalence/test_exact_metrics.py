@@ -1,0 +1,137 @@
+"""Every number Keras reports under N replicas equals one device's on the same examples.
+
+One device runs Keras as it is, on numpy arrays in batches of the global batch size (its
+final batch holds the remainder); N replicas run on `sk.shard` data with its defaults,
+whose final partial batch is padded. The data give each replica different examples and
+labels, so summing or averaging the replicas' metrics the wrong way shows.
+"""
+
+import keras
+import numpy as np
+import pytest
+
+import strategykit as sk
+
+GLOBAL_BATCH = 32
+
+
+def binary_data(size, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(size, 6)).astype("float32")
+    y = (x[:, 0] + 0.7 * rng.normal(size=size) > 0.2).astype("float32")
+    weights = rng.choice([0.0, 0.5, 1.0, 3.0], size=size).astype("float32")  # zeros too
+    return x, y, weights
+
+
+def binary_model(seed=1):
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(4, activation="tanh"),
+                              keras.layers.Dense(1, activation="sigmoid")])
+    model.compile(
+        keras.optimizers.SGD(0.1, momentum=0.9), "binary_crossentropy",
+        metrics=["accuracy", keras.metrics.AUC(name="auc"), keras.metrics.Recall(name="recall"),
+                 keras.metrics.Precision(name="precision"), keras.metrics.MeanSquaredError(name="mse")],
+        weighted_metrics=[keras.metrics.BinaryAccuracy(name="weighted_accuracy"),
+                          keras.metrics.AUC(name="weighted_auc")],
+    )
+    return model
+
+
+def on_replicas(make_model, strategy, weights):
+    with strategy.scope():
+        model = make_model()
+    model.set_weights(weights)
+    return model
+
+
+def assert_logs_equal(actual, expected, rtol):
+    assert set(actual) == set(expected)
+    for key in expected:
+        np.testing.assert_allclose(actual[key], expected[key], rtol=rtol, atol=1e-7, err_msg=key)
+
+
+@pytest.mark.parametrize("size, replicas", [
+    (203, 4),  # a final batch of 11: more examples than replicas
+    (194, 4),  # a final batch of 2: fewer than replicas, two replicas hold copies only
+    (224, 4),  # no partial batch
+    (203, 2),
+])
+def test_evaluate_equals_one_device(size, replicas, make_strategy):
+    x, y, w = binary_data(size)
+    one_device = binary_model()
+    expected = one_device.evaluate(x, y, sample_weight=w, batch_size=GLOBAL_BATCH, verbose=0,
+                                   return_dict=True)
+    strategy = make_strategy(replicas)
+    model = on_replicas(binary_model, strategy, one_device.get_weights())
+    data = sk.shard((x, y, w), strategy, global_batch_size=GLOBAL_BATCH)
+    assert_logs_equal(model.evaluate(data, verbose=0, return_dict=True), expected, 1e-5)
+
+
+def test_fit_history_with_validation_equals_one_device(make_strategy):
+    x, y, w = binary_data(203)
+    x_val, y_val, w_val = binary_data(97, seed=5)  # a final validation batch of 1 < 4 replicas
+    one_device = binary_model()
+    start = one_device.get_weights()
+    expected = one_device.fit(x, y, sample_weight=w, batch_size=GLOBAL_BATCH, epochs=2,
+                              shuffle=False, verbose=0,
+                              validation_data=(x_val, y_val, w_val)).history
+    strategy = make_strategy(4)
+    model = on_replicas(binary_model, strategy, start)
+    shard = lambda *data: sk.shard(data, strategy, global_batch_size=GLOBAL_BATCH)  # noqa: E731
+    history = model.fit(shard(x, y, w), epochs=2, verbose=0,
+                        validation_data=shard(x_val, y_val, w_val)).history
+    assert set(history) == set(expected)
+    for key in expected:
+        np.testing.assert_allclose(history[key], expected[key], rtol=1e-4, err_msg=key)
+
+
+def classes_data(size, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(size, 6)).astype("float32")
+    y = np.argmax(x[:, :5] + rng.normal(size=(size, 5)), axis=1).astype("int32")
+    return x, y
+
+
+def classes_model(seed=2, loss="sparse_categorical_crossentropy", accuracy="accuracy"):
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(5, activation="softmax")])
+    model.compile("sgd", loss, metrics=[
+        accuracy, keras.metrics.SparseTopKCategoricalAccuracy(2, name="top2")
+        if loss.startswith("sparse") else keras.metrics.TopKCategoricalAccuracy(2, name="top2")])
+    return model
+
+
+@pytest.mark.parametrize("one_hot", [False, True])
+def test_evaluate_of_classes_equals_one_device(one_hot, make_strategy):
+    x, y = classes_data(203)
+    loss = "categorical_crossentropy" if one_hot else "sparse_categorical_crossentropy"
+    if one_hot:
+        y = keras.utils.to_categorical(y, 5)
+    make = lambda: classes_model(loss=loss)  # noqa: E731
+    one_device = make()
+    expected = one_device.evaluate(x, y, batch_size=GLOBAL_BATCH, verbose=0, return_dict=True)
+    strategy = make_strategy(4)
+    model = on_replicas(make, strategy, one_device.get_weights())
+    data = sk.shard((x, y), strategy, global_batch_size=GLOBAL_BATCH)
+    assert_logs_equal(model.evaluate(data, verbose=0, return_dict=True), expected, 1e-5)
+
+
+def segmentation_model(seed=3):
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([keras.Input((4, 4, 2)),
+                              keras.layers.Conv2D(3, 3, padding="same", activation="softmax")])
+    model.compile("sgd", "sparse_categorical_crossentropy", metrics=[
+        keras.metrics.MeanIoU(3, sparse_y_pred=False, name="iou"), "accuracy"])
+    return model
+
+
+def test_evaluate_of_per_pixel_labels_equals_one_device(make_strategy):
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(45, 4, 4, 2)).astype("float32")
+    y = rng.integers(0, 3, size=(45, 4, 4)).astype("int32")
+    one_device = segmentation_model()
+    expected = one_device.evaluate(x, y, batch_size=8, verbose=0, return_dict=True)
+    strategy = make_strategy(4)
+    model = on_replicas(segmentation_model, strategy, one_device.get_weights())
+    data = sk.shard((x, y), strategy, global_batch_size=8)  # a final batch of 5
+    assert_logs_equal(model.evaluate(data, verbose=0, return_dict=True), expected, 1e-5)
