@@ -246,7 +246,8 @@ def _sigterm_to_exit(out, launcher_ended=None):
     print(f"SIGTERM to every worker's Python exit: {exited - sent:.2f} s")
     if launcher_ended is None:
         return exited - sent
-    print(f"SIGTERM to every worker process gone, the launcher ended: {launcher_ended - sent:.2f} s")
+    print(f"SIGTERM to every worker process gone (the launcher ended): "
+          f"{launcher_ended - sent:.2f} s")
     return launcher_ended - sent
 
 

@@ -30,7 +30,8 @@ def binary_model(seed=1):
     model.compile(
         keras.optimizers.SGD(0.1, momentum=0.9), "binary_crossentropy",
         metrics=["accuracy", keras.metrics.AUC(name="auc"), keras.metrics.Recall(name="recall"),
-                 keras.metrics.Precision(name="precision"), keras.metrics.MeanSquaredError(name="mse")],
+                 keras.metrics.Precision(name="precision"),
+                 keras.metrics.MeanSquaredError(name="mse")],
         weighted_metrics=[keras.metrics.BinaryAccuracy(name="weighted_accuracy"),
                           keras.metrics.AUC(name="weighted_auc")],
     )
