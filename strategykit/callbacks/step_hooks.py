@@ -9,8 +9,9 @@ they are in, `compute_loss` is wrapped on the instance too (custom steps that ca
 `self.compute_loss` work). The user's class and code are untouched, and `uninstall`
 puts the model's own functions back, already traced: nothing is traced again.
 
-Inside the step each replica adds `loss x batch size` and its number of real examples
-(nonzero sample weights; padded examples carry weight 0) into its own slot of an
+Inside the step each replica adds the sum of its real examples' weighted losses and
+their number (padded copies carry weight -0.0, see `strategykit.upstream.exact_metrics`:
+Keras's own `loss` counts the same) into its own slot of an
 on-read-synchronized accumulator (so every step counts, also with
 `steps_per_execution > 1`). The step then returns its local copy of the accumulator,
 times the number of replicas, as one more output: each replica's copy is zero outside
@@ -35,6 +36,7 @@ import tensorflow as tf
 
 from strategykit.callbacks import model_cache
 from strategykit.callbacks.nan_guard import WeightSnapshot
+from strategykit.upstream import exact_metrics
 
 _ORIGINAL = "_strategykit_original"
 _OUTPUT = "strategykit/replica_sums"
@@ -262,15 +264,12 @@ def _loss_statistics(loss, arguments):
     # are the global mean) and its loss tracker multiplies it back; so do we.
     replicas = tf.distribute.get_strategy().num_replicas_in_sync
     loss = tf.cast(loss, tf.float64) * replicas
-    weights = [w for w in tf.nest.flatten(arguments.get("sample_weight")) if w is not None]
-    if not weights:
+    sample_weight = arguments.get("sample_weight")
+    if not [w for w in tf.nest.flatten(sample_weight) if w is not None]:
         return loss * batch, batch
-    weights = tf.convert_to_tensor(weights[0])
-    per_example = tf.reshape(tf.cast(weights, tf.float64), [tf.shape(weights)[0], -1])
-    per_example = tf.reduce_mean(per_example, axis=1)
-    real = tf.reduce_sum(tf.cast(per_example != 0, tf.float64))
-    # `loss x batch` is the weighted sum of the losses. As a sum over the real examples
-    # it is scaled by `real / sum(weights)`: the batch's weighted mean loss, counted once
-    # per real example. Exact for sk.shard's padded batches, whose real examples all
-    # weigh `global_batch_size / r` (and padded ones 0).
-    return tf.math.divide_no_nan(loss * batch * real, tf.reduce_sum(per_example)), real
+    # `loss x batch` is the weighted sum of the losses, with the real examples of a
+    # padded batch weighed up by `global batch / real examples` (sk.shard): times
+    # `fraction` it is the sum one device adds up, over the real examples.
+    real, fraction = exact_metrics.step_counts(sample_weight, batch)
+    return (loss * batch * tf.cast(fraction, tf.float64),
+            tf.reduce_sum(tf.cast(real, tf.float64)))

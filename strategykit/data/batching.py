@@ -5,14 +5,15 @@
 sample weight to every example. The final partial batch is handled in one of three ways:
 
 * **pad** (default): the final global batch of `r` real examples is filled up to the full
-  global batch with copies of real examples that carry `sample_weight == 0`. The real
+  global batch with copies of real examples that carry `sample_weight == -0.0` (see
+  `strategykit.upstream.exact_metrics`, which keeps them out of Keras's metrics). The real
   examples are spread as evenly as possible over the replicas, in order (replica `k` gets
   the next `r // N` or `r // N + 1`), so no replica ever gets an empty batch, and they
   carry `sample_weight == global_batch_size / r`. With a loss reduced by
   `"sum_over_batch_size"` (the Keras default), Keras' per-replica mean and its 1/N
   replica scaling then give exactly the mean loss (and gradient) over the `r` real
   examples, as one device training on those `r` examples would.
-* **split** (for evaluation): nothing is padded and every weight is 1. The final
+* **split**: nothing is padded and every weight is 1. The final
   partial batch is spread as evenly as possible over the replicas, in order, so no
   replica is empty when it holds at least one example per replica. When it holds fewer
   (and the size of the data is known), it joins the batch before it, which then

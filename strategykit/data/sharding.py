@@ -8,7 +8,7 @@ example, `range(10)` over 2 replicas with a global batch of 4 (per-replica batch
     step   replica 0   replica 1
     0      [0, 1]      [2, 3]
     1      [4, 5]      [6, 7]
-    2      [8]         [9]        (each padded with one copy of weight 0)
+    2      [8]         [9]        (each padded with one copy of weight -0.0)
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from strategykit.data import position
 from strategykit.data.batching import split_labels
 from strategykit.data.pipeline import make_pipeline
 from strategykit.data.sources import check_size, examples_source
+from strategykit import upstream
 from strategykit.upstream import state_steps
 
 _WEIGHTED = weakref.WeakKeyDictionary()  # distributed datasets made here that carry weights
@@ -86,26 +87,23 @@ def shard(
     (`for batch in ds: strategy.run(step, args=(batch,))`).
 
     The final partial batch, by default, is padded to a full global batch with copies
-    of real examples of `sample_weight` 0. Its `r` real examples are spread in order
-    over the replicas (`r // N` or `r // N + 1` each; with `r < N` the last replicas
-    get copies only, never an empty batch), and they weigh `global_batch_size / r`.
-    Then, with a loss reduced by `"sum_over_batch_size"` (the Keras default) or
+    of real examples of `sample_weight` -0.0 (negative zero: nothing in a loss, and told
+    apart from real examples weighed 0). Its `r` real examples are spread in order over
+    the replicas (`r // N` or `r // N + 1` each; with `r < N` the last replicas get
+    copies only, never an empty batch), and they weigh `global_batch_size / r`. Then,
+    with a loss reduced by `"sum_over_batch_size"` (the Keras default) or
     `tf.nn.compute_average_loss(..., sample_weight=w, global_batch_size=B)`, the loss
-    and the gradients equal those of one device on the same batches. What it does to the rest:
+    and the gradients equal those of one device on the same batches, and Keras's
+    `loss`, `metrics` and `weighted_metrics` (with the weights you passed) count the
+    real examples only, as one device (`strategykit.upstream.exact_metrics`). Batch normalization in training still
+    computes the batch moments (and moving averages) of the padded step over the copies
+    too: with a remainder of a few examples, prefer `drop_remainder=True`.
 
-    * `compile(weighted_metrics=...)` and the reported loss: each padded step counts as
-      a full batch with its real examples weighted up, so epoch averages are close to,
-      not exactly, those over the real examples. `compile(metrics=...)` ignores sample
-      weights and counts the padded copies.
-    * BatchNormalization in training: the batch moments (and the moving averages) of
-      the padded step include the padded copies.
-
-    For evaluation pass `pad_remainder=False`: nothing is padded, the final batch is
-    spread as evenly as possible over the replicas (a remainder smaller than the number
-    of replicas joins the batch before it, when the size of the data is known), so no
-    replica runs an empty batch, and loss, `metrics` and `weighted_metrics` are exactly
-    those over every example once. Do not train that way: replicas of unequal size are
-    averaged with equal weight.
+    `pad_remainder=False` pads nothing: the final batch is spread as evenly as possible
+    over the replicas (a remainder smaller than the number of replicas joins the batch
+    before it, when the size of the data is known), so no replica runs an empty batch.
+    Evaluation is exact either way. Do not train that way: replicas of unequal size
+    are averaged with equal weight.
 
     Data without labels (an array, a dict, a 1-tuple) gets no weights; its padded
     copies are not marked, so use `pad_remainder=False` (e.g. for `predict`).
@@ -133,7 +131,7 @@ def shard(
             workers (one seed for all).
         drop_remainder: drop the final partial batch. Default False.
         pad_remainder: pad the final partial batch (above) rather than split it
-            unevenly. Default True; False for evaluation.
+            unevenly. Default True.
         shuffle_buffer: shuffle buffer size. Default: the whole dataset when its size
             is known; required for data of unknown size.
         augment: a function `(example, seed) -> example` run on every example before
@@ -159,6 +157,7 @@ def shard(
         [[[0, 1], [2, 3]], [[4, 5], [6, 7]], [[8], [9]]]
     """
     per_replica_batch_size(strategy, global_batch_size)
+    upstream.install()  # Keras then counts only the real examples of a padded batch
     remainder = "drop" if drop_remainder else ("pad" if pad_remainder else "split")
     source, size = examples_source(data)
     if size is not None:
@@ -206,7 +205,7 @@ def replica_batches(ds, strategy: tf.distribute.Strategy, steps: int | None = No
         ds: a distributed dataset, e.g. from `sk.shard`.
         strategy: its strategy.
         steps: steps to read. Default: all (one epoch).
-        padding: include padded examples (sample weight 0). Default False.
+        padding: include padded examples (sample weight -0.0). Default False.
         epoch: the epoch of `fit()` to show (it keys `sk.shard`'s shuffle order with a
             seed). Default None: the epoch of the last `fit()`, 0 before any.
 

@@ -9,7 +9,8 @@ else the replaced code hands over to the original. Nothing else in strategykit t
 private Keras or TensorFlow code.
 
 `install()` installs every fix. `sk.mirrored()` and `sk.from_env()` call it when they
-build a strategy, so the fixes are active under every strategy strategykit builds;
+build a strategy, and `sk.shard()` when it shards data, so the fixes are active under
+every strategy strategykit builds or shards for;
 importing strategykit alone changes nothing in Keras. A fix that must replace several
 attributes is several `Fix` entries naming the same issue.
 
@@ -52,7 +53,8 @@ __all__ = ["CHECKED_ON", "COORDINATION_RELIES_ON", "FIXES", "STEPS_RELIES_ON", "
 
 
 def install() -> None:
-    """Installs every fix; idempotent. `sk.mirrored()` and `sk.from_env()` call it.
+    """Installs every fix; idempotent. `sk.mirrored()`, `sk.from_env()` and `sk.shard()`
+    call it.
 
     Example:
         >>> from strategykit import upstream

@@ -69,13 +69,21 @@ def _applies(sample_weight) -> bool:
             and not tf.distribute.in_cross_replica_context())
 
 
-def _step_counts(sample_weight, batch_size):
-    """`(real, fraction)`: this replica's real-example mask, and the step's real
-    examples over all its examples (one all-reduce over the replicas)."""
+def step_counts(sample_weight, batch_size):
+    """`(real, fraction)` of this replica's batch in the step: its real-example mask, and
+    the step's real examples over all its examples, over every replica.
+
+    Call in replica context. One all-reduce; a second call in the same step with the
+    same `sample_weight` reuses the first's result.
+    """
+    latest = getattr(_latest, "counts", None)
+    if latest is not None and latest[0] is sample_weight:
+        return latest[1:]
     real = real_examples(sample_weight)
     counts = tf.stack([tf.reduce_sum(tf.cast(real, tf.float32)),
                        tf.cast(batch_size, tf.float32)])
     total = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, counts)
+    _latest.counts = (sample_weight, real, total[0] / total[1])
     return real, total[0] / total[1]
 
 
@@ -87,16 +95,16 @@ def _batch_size(x, sample_weight):
 def compute_loss_over_real_examples(self, x=None, y=None, y_pred=None, sample_weight=None,
                                     training=True):
     """Keras's `_compute_loss`, then the `loss` tracker corrected to the real examples."""
+    _latest.counts = None
+    if not _applies(sample_weight):
+        return original(_owner(), "_compute_loss")(
+            self, x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=training)
+    batch = _batch_size(x, sample_weight)
+    real, fraction = step_counts(sample_weight, batch)  # before: compute_loss may use them
     loss = original(_owner(), "_compute_loss")(
         self, x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=training)
-    _latest.counts = None
-    if loss is None or not _applies(sample_weight):
-        return loss
-    batch = _batch_size(x, sample_weight)
-    real, fraction = _step_counts(sample_weight, batch)
-    _latest.counts = (sample_weight, real, fraction)
     tracker = getattr(self, "_loss_tracker", None)
-    if tracker is not None:
+    if loss is not None and tracker is not None:
         # Keras adds `loss x batch` (the loss unscaled by the replicas) and `batch`; one
         # device adds the sum of the weighted losses of the real examples and their count.
         replicas = tf.distribute.get_strategy().num_replicas_in_sync
@@ -112,12 +120,8 @@ def compute_metrics_over_real_examples(self, x, y, y_pred, sample_weight=None):
     own = original(_owner(), "compute_metrics")
     if not _applies(sample_weight) or y is None:
         return own(self, x, y, y_pred, sample_weight)
-    latest = getattr(_latest, "counts", None)
-    _latest.counts = None
-    if latest is not None and latest[0] is sample_weight:
-        _, real, fraction = latest
-    else:  # a step of its own that did not call Keras's _compute_loss
-        real, fraction = _step_counts(sample_weight, _batch_size(x, sample_weight))
+    # The counts of this step's _compute_loss, or (a step of its own) new ones.
+    real, fraction = step_counts(sample_weight, _batch_size(x, sample_weight))
 
     def keep(tensor):
         return None if tensor is None else tf.boolean_mask(tensor, real)
@@ -131,6 +135,7 @@ def compute_metrics_over_real_examples(self, x, y, y_pred, sample_weight=None):
 
 def _owner():
     return resolve(_TRAINER)
+
 
 _RELIES_ON = {
     # Keras's steps: `_compute_loss`, then the tracker gets `unscaled loss`, weighted by

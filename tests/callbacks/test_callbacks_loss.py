@@ -125,14 +125,16 @@ def test_model_steps_are_restored_after_fit(hundred_run):
 
 
 def padded_dataset():
-    """3 global batches of 8; the last has 3 padded examples (weight 0, huge y).
+    """3 global batches of 8; the last has 3 padded examples, as sk.shard pads: weight
+    -0.0 (and a huge y here), its 5 real examples weighed 8 / 5.
 
     Replica 0 sees 2 real examples of the last batch, replicas 1-3 one each.
     """
     y = np.arange(1, 25, dtype="float32")[:, None]
     weights = np.ones(24, "float32")
+    weights[16:] = 8 / 5
     for padded in (19, 21, 23):
-        weights[padded], y[padded] = 0.0, 1000.0
+        weights[padded], y[padded] = -0.0, 1000.0
     x = np.ones_like(y)
     return tf.data.Dataset.from_tensor_slices((x, y, weights)).batch(8), y[:, 0], weights
 
@@ -162,8 +164,8 @@ def test_epoch_values_are_exact_over_real_examples_with_padded_final_batch(make_
     assert logs["loss/std"] == pytest.approx(
         np.sqrt(np.average((np.array(values) - np.mean(y[real] ** 2)) ** 2, weights=counts)),
         rel=1e-6)
-    # Keras's own loss counts the padded examples: it is not the mean over real ones.
-    assert logs["loss"] != pytest.approx(np.mean(y[real] ** 2), rel=1e-3)
+    # So does Keras's own loss (strategykit.upstream.exact_metrics).
+    assert logs["loss"] == pytest.approx(np.mean(y[real] ** 2), rel=1e-6)
     # After the first batch (no padding yet) the running values are that batch's.
     first = recorder.batches[0]
     for replica in range(4):
@@ -203,6 +205,34 @@ def test_mean_equals_keras_loss_while_training_without_padding(make_strategy):
     assert history["loss/mean"] == pytest.approx(history["loss"], rel=1e-5)
     assert history["val_loss/mean"] == pytest.approx(history["val_loss"], rel=1e-5)
     assert history["loss/max"][0] > history["loss/min"][0]
+
+
+def test_mean_equals_keras_loss_and_one_devices_on_padded_weighted_data(make_strategy):
+    # 45 = 5 x 8 + 5 examples, user weights with zeros (they count in Keras's loss, as on
+    # one device), validation of 19 (a final batch of 3 < 4 replicas).
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(45, 2)).astype("float32")
+    y = (x @ [[1.0], [2.0]] + rng.normal(size=(45, 1))).astype("float32")
+    w = rng.choice([0.0, 1.0, 2.5], size=45).astype("float32")
+
+    def build():
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+        model.compile(keras.optimizers.SGD(0.05), "mse")
+        return model
+
+    expected = build().fit(x, y, sample_weight=w, batch_size=8, epochs=2, verbose=0,
+                           shuffle=False, validation_data=(x[:19], y[:19], w[:19])).history
+    strategy = make_strategy(4)
+    with strategy.scope():
+        model = build()
+    shard = lambda *data: sk.shard(data, strategy, global_batch_size=8)  # noqa: E731
+    history = model.fit(shard(x, y, w), epochs=2, verbose=0,
+                        validation_data=shard(x[:19], y[:19], w[:19]),
+                        callbacks=[callbacks.CrossReplicaLoss()]).history
+    for key in ("loss", "val_loss"):
+        assert history[key] == pytest.approx(expected[key], rel=1e-5)
+        assert history[f"{key}/mean"] == pytest.approx(history[key], rel=1e-5)
 
 
 def test_one_device_reports_one_replica():

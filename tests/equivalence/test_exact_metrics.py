@@ -6,9 +6,12 @@ whose final partial batch is padded. The data give each replica different exampl
 labels, so summing or averaging the replicas' metrics the wrong way shows.
 """
 
+import re
+
 import keras
 import numpy as np
 import pytest
+from conftest import progress_lines
 
 import strategykit as sk
 
@@ -136,3 +139,18 @@ def test_evaluate_of_per_pixel_labels_equals_one_device(make_strategy):
     model = on_replicas(segmentation_model, strategy, one_device.get_weights())
     data = sk.shard((x, y), strategy, global_batch_size=8)  # a final batch of 5
     assert_logs_equal(model.evaluate(data, verbose=0, return_dict=True), expected, 1e-5)
+
+
+def test_the_progress_bar_ends_each_epoch_with_the_values_of_history(make_strategy, capsys):
+    x, y, w = binary_data(203)
+    strategy = make_strategy(4)
+    model = on_replicas(binary_model, strategy, binary_model().get_weights())
+    history = model.fit(sk.shard((x, y, w), strategy, global_batch_size=GLOBAL_BATCH),
+                        epochs=2, verbose=1).history
+    finals = [line for line in progress_lines(capsys.readouterr().out)
+              if line.startswith("7/7 ")][-2:]  # each epoch's last line
+    for epoch, line in enumerate(finals):
+        shown = dict(re.findall(r"(\w+): ([-\d.e+]+)", line))
+        assert set(shown) == set(history)
+        for key, value in shown.items():
+            assert float(value) == pytest.approx(history[key][epoch], abs=6e-5), key
