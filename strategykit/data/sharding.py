@@ -19,12 +19,12 @@ import weakref
 import numpy as np
 import tensorflow as tf
 
+from strategykit import upstream
 from strategykit.cluster.roles import is_multi_worker
 from strategykit.data import position
 from strategykit.data.batching import split_labels
 from strategykit.data.pipeline import make_pipeline
 from strategykit.data.sources import check_size, examples_source
-from strategykit import upstream
 from strategykit.upstream import state_steps
 
 _WEIGHTED = weakref.WeakKeyDictionary()  # distributed datasets made here that carry weights
@@ -95,9 +95,10 @@ def shard(
     `tf.nn.compute_average_loss(..., sample_weight=w, global_batch_size=B)`, the loss
     and the gradients equal those of one device on the same batches, and Keras's
     `loss`, `metrics` and `weighted_metrics` (with the weights you passed) count the
-    real examples only, as one device (`strategykit.upstream.exact_metrics`). Batch normalization in training still
-    computes the batch moments (and moving averages) of the padded step over the copies
-    too: with a remainder of a few examples, prefer `drop_remainder=True`.
+    real examples only, as one device (`strategykit.upstream.exact_metrics`). Batch
+    normalization in training still computes the batch moments (and moving averages)
+    of the padded step over the copies too: with a remainder of a few examples, prefer
+    `drop_remainder=True`.
 
     `pad_remainder=False` pads nothing: the final batch is spread as evenly as possible
     over the replicas (a remainder smaller than the number of replicas joins the batch

@@ -11,9 +11,10 @@ import re
 import keras
 import numpy as np
 import pytest
-from conftest import progress_lines
 
 import strategykit as sk
+
+from conftest import progress_lines
 
 GLOBAL_BATCH = 32
 
