@@ -20,6 +20,7 @@ from strategykit.strategy.build import from_env, mirrored
 from strategykit.strategy.describe import describe
 from strategykit.strategy.learning_rate import scale_learning_rate
 from strategykit.strategy.reduction import reduce
+from strategykit.upstream.metric_state import combine_across_replicas
 
 __all__ = [
     "__version__",
@@ -27,6 +28,7 @@ __all__ = [
     "SyncBatchNormalization",
     "callbacks",
     "check",
+    "combine_across_replicas",
     "convert_sync_batchnorm",
     "describe",
     "from_env",

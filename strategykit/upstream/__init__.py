@@ -24,6 +24,9 @@ Fixes, one module each:
   (`ModelCheckpoint`, `CSVLogger`, `TensorBoard`) write only on the chief.
 * `exact_metrics`, tensorflow/tensorflow#39268: Keras's metrics and its `loss` over
   the real examples of `sk.shard`'s padded final batch, with the user's weights.
+* `metric_state`: `sk.combine_across_replicas`, how a metric's state that is not a sum
+  combines across replicas (Keras only sums or averages it); not a `Fix`, used by
+  `exact_metrics`.
 * `step_count`: the steps Keras reads from a distributed dataset; not a `Fix` but
   `state_steps`, which `sk.shard` applies to the datasets it makes.
 * `coordination`: the job's key-value store (TensorFlow's coordination service),

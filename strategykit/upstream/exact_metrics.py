@@ -26,7 +26,9 @@ replica context, or without sample weights, both hand over to Keras unchanged.
 
 Every replica still updates its own copy of each metric with its own examples, and
 Keras adds the copies up when it reads a metric: exact for every metric whose state is
-a sum over examples (all of Keras's built-in metrics).
+a sum over examples (all of Keras's built-in metrics). State that is not a sum is
+combined as `sk.combine_across_replicas` declares (`metric_state`), and a metric of the
+user's own that is not declared gets a warning at its first use.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import threading
 
 import tensorflow as tf
 
+from strategykit.upstream import metric_state
 from strategykit.upstream.fix import CHECKED_ON, Fix, original, resolve
 
 ISSUE = "tensorflow/tensorflow#39268"
@@ -64,9 +67,12 @@ def real_examples(sample_weight) -> tf.Tensor:
     return tf.logical_not(tf.logical_and(tf.equal(per_example, 0.0), negative))
 
 
+def _in_replica_context() -> bool:
+    return tf.distribute.has_strategy() and not tf.distribute.in_cross_replica_context()
+
+
 def _applies(sample_weight) -> bool:
-    return (sample_weight is not None and tf.distribute.has_strategy()
-            and not tf.distribute.in_cross_replica_context())
+    return sample_weight is not None and _in_replica_context()
 
 
 def step_counts(sample_weight, batch_size):
@@ -116,21 +122,34 @@ def compute_loss_over_real_examples(self, x=None, y=None, y_pred=None, sample_we
 
 
 def compute_metrics_over_real_examples(self, x, y, y_pred, sample_weight=None):
-    """Keras's `compute_metrics` on the real examples, with the user's weights."""
+    """Keras's `compute_metrics` on the real examples, with the user's weights; metric
+    state declared by `sk.combine_across_replicas` combined across the replicas."""
     own = original(_owner(), "compute_metrics")
-    if not _applies(sample_weight) or y is None:
+    compiled = getattr(self, "_compile_metrics", None)
+    if not _in_replica_context() or compiled is None or y is None:
         return own(self, x, y, y_pred, sample_weight)
-    # The counts of this step's _compute_loss, or (a step of its own) new ones.
-    real, fraction = step_counts(sample_weight, _batch_size(x, sample_weight))
+    if sample_weight is not None:
+        # The counts of this step's _compute_loss, or (a step of its own) new ones.
+        real, fraction = step_counts(sample_weight, _batch_size(x, sample_weight))
 
-    def keep(tensor):
-        return None if tensor is None else tf.boolean_mask(tensor, real)
+        def keep(tensor):
+            return None if tensor is None else tf.boolean_mask(tensor, real)
 
-    def unscale(weight):
-        return None if weight is None else keep(weight) * tf.cast(fraction, weight.dtype)
+        def unscale(weight):
+            return None if weight is None else keep(weight) * tf.cast(fraction, weight.dtype)
 
-    return own(self, x, tf.nest.map_structure(keep, y), tf.nest.map_structure(keep, y_pred),
-               tf.nest.map_structure(unscale, sample_weight))
+        y, y_pred = tf.nest.map_structure(keep, y), tf.nest.map_structure(keep, y_pred)
+        sample_weight = tf.nest.map_structure(unscale, sample_weight)
+    replicas = tf.distribute.get_strategy().num_replicas_in_sync
+    if replicas == 1:
+        return own(self, x, y, y_pred, sample_weight)
+    if not compiled.built:
+        compiled.build(y, y_pred)
+    metric_state.warn_of_undeclared(compiled.metrics, replicas)
+    metric_state.before_update(compiled.metrics, replicas)
+    logs = own(self, x, y, y_pred, sample_weight)
+    metric_state.after_update(compiled.metrics, replicas)
+    return logs
 
 
 def _owner():

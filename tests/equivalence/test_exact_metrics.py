@@ -155,3 +155,77 @@ def test_the_progress_bar_ends_each_epoch_with_the_values_of_history(make_strate
         assert set(shown) == set(history)
         for key, value in shown.items():
             assert float(value) == pytest.approx(history[key][epoch], abs=6e-5), key
+
+
+class RunningMax(keras.metrics.Metric):
+    """The largest prediction seen: a state that is not a sum over examples."""
+
+    def __init__(self, name="running_max", **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.maximum = self.add_variable((), "zeros", name="maximum")
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        self.maximum.assign(keras.ops.maximum(self.maximum, keras.ops.max(y_pred)))
+
+    def result(self):
+        return self.maximum
+
+
+def regression_model(metric, seed=6):
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse", metrics=[metric])
+    return model
+
+
+def regression_data():
+    # Rising predictions: the running maximum of one device is that of the last batch;
+    # summed over 4 replicas it would be about 4 times as large.
+    x = np.repeat(np.linspace(0.1, 2.0, 64, dtype="float32")[:, None], 6, axis=1)
+    return x, np.zeros(64, "float32")
+
+
+def test_a_declared_running_maximum_equals_one_devices(make_strategy):
+    class DeclaredMax(RunningMax):
+        pass
+
+    assert sk.combine_across_replicas(DeclaredMax, maximum="max") is DeclaredMax
+    x, y = regression_data()
+    one_device = regression_model(DeclaredMax())
+    expected = one_device.evaluate(x, y, batch_size=16, verbose=0, return_dict=True)
+    fit_expected = regression_model(DeclaredMax()).fit(
+        x, y, batch_size=16, epochs=2, shuffle=False, verbose=0).history
+    strategy = make_strategy(4)
+    shard = sk.shard((x, y), strategy, global_batch_size=16)
+    model = on_replicas(lambda: regression_model(DeclaredMax()), strategy,
+                        one_device.get_weights())
+    assert_logs_equal(model.evaluate(shard, verbose=0, return_dict=True), expected, 1e-6)
+    with strategy.scope():
+        model = regression_model(DeclaredMax())
+    history = model.fit(shard, epochs=2, verbose=0).history
+    np.testing.assert_allclose(history["running_max"], fit_expected["running_max"], rtol=1e-5)
+
+
+def test_an_undeclared_custom_metric_warns_naming_it_its_variable_and_the_fix(make_strategy):
+    x, y = regression_data()
+    strategy = make_strategy(4)
+    with strategy.scope():
+        model = regression_model(RunningMax())
+    with pytest.warns(UserWarning) as caught:
+        model.evaluate(sk.shard((x, y), strategy, global_batch_size=16), verbose=0)
+    message = next(str(w.message) for w in caught if "running_max" in str(w.message))
+    assert "metric 'running_max' (RunningMax)" in message
+    assert "'maximum' (aggregation 'sum')" in message
+    assert "Under 4 replicas" in message
+    assert 'sk.combine_across_replicas(RunningMax, maximum="max")' in message
+
+
+def test_combine_across_replicas_rejects_what_it_cannot_use():
+    with pytest.raises(ValueError, match=r"needs a keras.metrics.Metric.*Received: metric=3"):
+        sk.combine_across_replicas(3, maximum="max")
+    with pytest.raises(ValueError, match="at least one variable"):
+        sk.combine_across_replicas(RunningMax)
+    with pytest.raises(ValueError, match=r"Unknown combine for variable 'maximum'.*'median'"):
+        sk.combine_across_replicas(RunningMax, maximum="median")
+    with pytest.raises(ValueError, match=r"has no variable 'largest'.*Its variables: 'maximum'"):
+        sk.combine_across_replicas(RunningMax(), largest="max")
