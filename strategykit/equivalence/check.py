@@ -12,6 +12,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from strategykit.equivalence import metric_differences as metrics
 from strategykit.equivalence import weight_differences as differ
 from strategykit.equivalence.precision import (
     DTYPES,
@@ -37,11 +38,14 @@ def check(
     dtype: str | None = "float64",
     gradient_accumulation_steps: int = 1,
 ) -> CheckReport:
-    """Trains `model_fn()` on 1 device and on N replicas and compares the weights.
+    """Trains `model_fn()` on 1 device and on N replicas and compares weights and metrics.
 
     Both runs start from the same weights (the 1-device model's initial weights are
     copied into the distributed one) and see the same global batches in the same order,
     unshuffled. The model must be deterministic (no dropout or random augmentation).
+    After their steps both evaluate every example of `data` (N replicas on `sk.shard`
+    data), and every value `evaluate()` returns, the loss and each compiled metric,
+    must agree too.
 
     **Why float64 by default.** A correct distributed run sums the same numbers in
     another order, so in float32 its weights differ from one device's by rounding, and
@@ -78,7 +82,8 @@ def check(
         global_batch_size: examples per step of the distributed run over all replicas.
             Default: `4 * replicas`. Must be a multiple of `replicas`.
         steps: weight updates to compare. Default 3.
-        tolerance: largest absolute weight difference accepted. Default 1e-5.
+        tolerance: largest absolute weight difference accepted, and largest metric
+            difference (relative for a metric larger than 1). Default 1e-5.
         strategy: the N-replica strategy to use. Default: `sk.mirrored(replicas=replicas)`.
         dtype: `"float64"` (default) to build and train both models in float64,
             `"float32"` for float32, or None to keep the user's global dtype policy.
@@ -96,7 +101,8 @@ def check(
             (keras-team/keras#20582, fixed in `strategykit.upstream`).
 
     Returns:
-        A `CheckReport`; true when the weights agree, and printable. When it failed,
+        A `CheckReport`; true when the weights and the metrics agree, and printable.
+        `first_differing_metric` names the first metric that differs. When it failed,
         `first_differing_layer` says where the difference starts: the first layer in
         forward order whose weights differ beyond `tolerance` after the first update,
         its forward state (moving statistics) looked at before its trainable weights,
@@ -144,6 +150,9 @@ def check(
         distributed.set_weights(initial_weights)
         distributed_loss, distributed_first = _train(distributed, micro_batches,
                                                      first_update=accumulation)
+        single_metrics, distributed_metrics = metrics.evaluate_both(
+            single, distributed, data, strategy=strategy, global_batch_size=global_batch_size)
+    metric_differences = metrics.differences(single_metrics, distributed_metrics)
 
     final = differ.largest(differ.values(single), differ.values(distributed))
     first_update = None  # unseen when Keras skips batch callbacks (steps_per_execution)
@@ -164,6 +173,11 @@ def check(
         first_differing_layer=first_layer,
         first_difference_stage=stage,
         other_dtype_layers=other_dtypes,
+        single_device_metrics=single_metrics,
+        distributed_metrics=distributed_metrics,
+        metric_differences=metric_differences,
+        first_differing_metric=metrics.first_differing(single_metrics, metric_differences,
+                                                       tolerance),
     )
 
 

@@ -46,6 +46,11 @@ class CheckReport:
             the first layer that differs at the end). None when it passed.
         other_dtype_layers: layers that computed in another dtype than `dtype` (they pin
             their own), by name, with their dtype policy; their rounding stays.
+        single_device_metrics, distributed_metrics: what `evaluate()` returned after the
+            steps, on every example of the data: the loss and each compiled metric.
+        metric_differences: absolute difference of each of those values, by name.
+        first_differing_metric: the first of them, in Keras's order, that differs by
+            more than `tolerance` (relative above 1); None when all agree.
     """
 
     replicas: int
@@ -61,6 +66,10 @@ class CheckReport:
     first_differing_layer: str | None = None
     first_difference_stage: str | None = None
     other_dtype_layers: dict = dataclasses.field(default_factory=dict)
+    single_device_metrics: dict = dataclasses.field(default_factory=dict)
+    distributed_metrics: dict = dataclasses.field(default_factory=dict)
+    metric_differences: dict = dataclasses.field(default_factory=dict)
+    first_differing_metric: str | None = None
 
     @property
     def max_difference(self) -> float:
@@ -74,8 +83,8 @@ class CheckReport:
 
     @property
     def passed(self) -> bool:
-        """Whether every weight agrees within `tolerance`."""
-        return self.max_difference <= self.tolerance
+        """Whether every weight and every metric agree within `tolerance`."""
+        return self.max_difference <= self.tolerance and self.first_differing_metric is None
 
     def __bool__(self) -> bool:
         return self.passed
@@ -97,11 +106,22 @@ class CheckReport:
                          f"{_STAGES[self.first_difference_stage]}")
         lines.append(f"  last loss: 1 device {self.single_device_loss:.6g}, "
                      f"{self.replicas} replicas {self.distributed_loss:.6g}")
+        lines.append(self._metrics_line())
         if self.other_dtype_layers:
             lines.append(f"  note: {other_dtypes_text(self.other_dtype_layers, self.dtype)}")
-        if not self.passed:
+        if self.max_difference > self.tolerance:
             lines.append(
                 "  Look for loss scaled by the per-replica batch, unsynchronized "
                 "BatchNormalization (sk.convert_sync_batchnorm), or randomness in the model."
             )
         return "\n".join(lines)
+
+    def _metrics_line(self) -> str:
+        name = self.first_differing_metric
+        if name is None:
+            agreed = ", ".join(self.single_device_metrics) or "none"
+            return f"  metrics evaluated after the steps agree: {agreed}"
+        return (f"  first metric that differs: {name}: 1 device "
+                f"{self.single_device_metrics[name]:.6g}, {self.replicas} replicas "
+                f"{self.distributed_metrics[name]:.6g} (a custom metric whose state is not "
+                "a sum? see sk.combine_across_replicas)")

@@ -38,6 +38,41 @@ def test_a_dense_model_trains_identically_on_replicas_and_one_device(replicas):
     assert "PASSED: " in str(report)
 
 
+def metrics_model(*extra):
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, activation="tanh"),
+                              keras.layers.Dense(1)])
+    model.compile(keras.optimizers.SGD(0.1), "mse", metrics=[
+        keras.metrics.MeanAbsoluteError(name="mae"), *extra])
+    return model
+
+
+def test_the_compiled_metrics_are_evaluated_and_compared_after_the_steps():
+    # 45 examples: evaluation ends with a padded batch of 5 on 4 replicas.
+    report = sk.check(metrics_model, data(45), strategy=sk.mirrored(cpu_devices(4)),
+                      global_batch_size=8, steps=4)
+    assert report.passed, str(report)
+    assert set(report.single_device_metrics) == {"loss", "mae"}
+    assert report.distributed_metrics["mae"] == pytest.approx(
+        report.single_device_metrics["mae"], rel=1e-9)
+    assert report.first_differing_metric is None
+    assert "metrics evaluated after the steps agree: loss, mae" in str(report)
+
+
+def test_a_metric_that_differs_fails_the_check_and_is_named():
+    from test_exact_metrics import RunningMax  # its state is not a sum, and not declared
+
+    with pytest.warns(UserWarning, match="running_max"):
+        report = sk.check(lambda: metrics_model(RunningMax()), data(),
+                          strategy=sk.mirrored(cpu_devices(2)), global_batch_size=8, steps=2)
+    assert report.max_difference <= report.tolerance  # the weights agree
+    assert not report.passed
+    assert report.first_differing_metric == "running_max"
+    assert "FAILED" in str(report)
+    assert "first metric that differs: running_max: 1 device" in str(report)
+    assert "sk.combine_across_replicas" in str(report)
+
+
 def test_unsynchronized_batch_norm_is_caught():
     report = sk.check(bn_model, data(), strategy=sk.mirrored(cpu_devices(2)),
                       global_batch_size=8, steps=4)
