@@ -59,15 +59,27 @@ callbacks = [
     keras.callbacks.CSVLogger(f"{out}/history.csv"),
     keras.callbacks.TensorBoard(f"{out}/tensorboard"),
 ]
+size = 2 * PER_REPLICA * replicas + 1  # a final batch of 1 example, fewer than replicas
+weights = np.linspace(0.0, 2.0, size).astype("float32")
 history = model.fit(sk.shard((x, y), strategy, global_batch_size=PER_REPLICA * replicas),
-                    epochs=EPOCHS, verbose=0, shuffle=False, callbacks=callbacks)
+                    epochs=EPOCHS, verbose=0, shuffle=False, callbacks=callbacks,
+                    validation_data=sk.shard((x[:size], y[:size], weights), strategy,
+                                             global_batch_size=PER_REPLICA * replicas))
 exact = sk.shard((x, y), strategy, global_batch_size=PER_REPLICA * replicas,
                  pad_remainder=False)
+with strategy.scope():
+    evaluated = build_model()
+    evaluated.compile("sgd", "mse", metrics=[keras.metrics.MeanAbsoluteError(name="mae")],
+                      weighted_metrics=[keras.metrics.MeanSquaredError(name="weighted_mse")])
+evaluated.set_weights(model.get_weights())
 print(json.dumps({
     "paths": [callbacks[2].filepath, callbacks[3].filename, callbacks[4].log_dir],
     "replicas": replicas, "chief": sk.is_chief(), "chief_of_strategy": sk.is_chief(strategy),
     "history": history.history,
     "evaluate": model.evaluate(exact, verbose=0),
+    "metrics": evaluated.evaluate(sk.shard((x[:size], y[:size], weights), strategy,
+                                           global_batch_size=PER_REPLICA * replicas),
+                                  verbose=0, return_dict=True),
     "predict": model.predict(sk.shard(x[:90], strategy, global_batch_size=replicas * 4,
                                       pad_remainder=False), verbose=0).tolist(),
     "weights": [w.tolist() for w in model.get_weights()],
@@ -78,16 +90,29 @@ print(json.dumps({
 def _one_device(replicas: int):
     x, y = training_data()
     model = build_model()
+    size = 2 * PER_REPLICA * replicas + 1
+    validation = (x[:size], y[:size], np.linspace(0.0, 2.0, size).astype("float32"))
     history = model.fit(x, y, batch_size=PER_REPLICA * replicas, epochs=EPOCHS, verbose=0,
-                        shuffle=False)
-    return model, history.history, x, y
+                        shuffle=False, validation_data=validation)
+    return model, history.history, x, y, validation
+
+
+def _metrics_of_one_device(model, validation, batch_size):
+    evaluated = build_model()
+    evaluated.compile("sgd", "mse", metrics=[keras.metrics.MeanAbsoluteError(name="mae")],
+                      weighted_metrics=[keras.metrics.MeanSquaredError(name="weighted_mse")])
+    evaluated.set_weights(model.get_weights())
+    x, y, weights = validation
+    return evaluated.evaluate(x, y, sample_weight=weights, batch_size=batch_size, verbose=0,
+                              return_dict=True)
 
 
 @pytest.mark.parametrize("workers", [2, 3])
 def test_fit_across_workers_equals_one_device(tmp_path, workers):
     out = tmp_path / "out"
     reports = [w.last_json() for w in run_workers(_FIT, workers, args=[out], tmp_path=tmp_path)]
-    model, history, x, y = _one_device(workers)
+    model, history, x, y, validation = _one_device(workers)
+    metrics = _metrics_of_one_device(model, validation, PER_REPLICA * workers)
 
     for report in reports:
         assert report["replicas"] == workers
@@ -96,6 +121,12 @@ def test_fit_across_workers_equals_one_device(tmp_path, workers):
             np.testing.assert_allclose(weights, reference, rtol=TOLERANCE, atol=TOLERANCE)
         np.testing.assert_allclose(report["history"]["loss/mean"], history["loss"], rtol=1e-5)
         np.testing.assert_allclose(report["history"]["loss"], history["loss"], rtol=1e-5)
+        # Validation and metrics over a padded final batch of 1 example: as one device.
+        np.testing.assert_allclose(report["history"]["val_loss"], history["val_loss"],
+                                   rtol=1e-5)
+        assert report["metrics"].keys() == metrics.keys()
+        for key, value in metrics.items():
+            np.testing.assert_allclose(report["metrics"][key], value, rtol=1e-5, err_msg=key)
         np.testing.assert_allclose(report["evaluate"], model.evaluate(x, y, verbose=0),
                                    rtol=1e-5)
         np.testing.assert_allclose(report["predict"], model.predict(x[:90], verbose=0),
