@@ -113,7 +113,7 @@ def shard_tfds(
         shuffle: shuffle the files and the examples, anew each epoch. Default False.
         seed: seed of both shuffles. Default None (random).
         drop_remainder: drop the final partial batch. Default False.
-        pad_remainder: pad it (`sk.shard`). Default True; False for evaluation.
+        pad_remainder: pad it (`sk.shard`). Default True.
         shuffle_buffer: example shuffle buffer. Default: the split's size.
         augment: `(example, seed) -> example` per example, as in `sk.shard`.
 
