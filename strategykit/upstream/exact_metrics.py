@@ -22,7 +22,9 @@ A padded copy carries a sample weight of negative zero (`PAD_WEIGHT`): it adds n
 to a loss, as zero does, and tells the copies from real examples that the user weighed
 0 (which one device counts in `metrics=`). Full batches (`r` equals the global batch)
 are unchanged: the correction adds zero and the mask keeps every example. Outside a
-replica context, or without sample weights, both hand over to Keras unchanged.
+replica context, or without sample weights, both hand over to Keras unchanged; so do they,
+with a warning, for a model compiled with `steps_per_execution` > 1 on several replicas
+(TensorFlow cannot all-reduce inside Keras's loop of several steps).
 
 Every replica still updates its own copy of each metric with its own examples, and
 Keras adds the copies up when it reads a metric: exact for every metric whose state is
@@ -34,6 +36,8 @@ user's own that is not declared gets a warning at its first use.
 from __future__ import annotations
 
 import threading
+import warnings
+import weakref
 
 import tensorflow as tf
 
@@ -71,8 +75,31 @@ def _in_replica_context() -> bool:
     return tf.distribute.has_strategy() and not tf.distribute.in_cross_replica_context()
 
 
-def _applies(sample_weight) -> bool:
-    return sample_weight is not None and _in_replica_context()
+_warned_models = weakref.WeakSet()
+
+
+def _can_communicate(model) -> bool:
+    """False where TensorFlow cannot all-reduce inside Keras's step: several steps in one
+    call on several replicas (a loop of TensorFlow's, where `merge_call` fails); warns
+    once per model that its numbers are then Keras's own."""
+    replicas = tf.distribute.get_strategy().num_replicas_in_sync
+    steps = getattr(model, "steps_per_execution", 1)
+    if replicas == 1 or steps == 1:
+        return True
+    if model not in _warned_models:
+        _warned_models.add(model)
+        warnings.warn(
+            f"strategykit: steps_per_execution={steps} under {replicas} replicas: TensorFlow "
+            "cannot all-reduce inside Keras's loop of several steps (under "
+            "MirroredStrategy Keras's fit() fails there), so the loss and metrics Keras "
+            "reports are its own: on the padded final batch of sk.shard they count the "
+            "padded copies and the scaled weights. Compile with steps_per_execution=1 for "
+            "metrics equal to one device's.", stacklevel=2)
+    return False
+
+
+def _applies(model, sample_weight) -> bool:
+    return sample_weight is not None and _in_replica_context() and _can_communicate(model)
 
 
 def step_counts(sample_weight, batch_size):
@@ -102,7 +129,7 @@ def compute_loss_over_real_examples(self, x=None, y=None, y_pred=None, sample_we
                                     training=True):
     """Keras's `_compute_loss`, then the `loss` tracker corrected to the real examples."""
     _latest.counts = None
-    if not _applies(sample_weight):
+    if not _applies(self, sample_weight):
         return original(_owner(), "_compute_loss")(
             self, x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=training)
     batch = _batch_size(x, sample_weight)
@@ -126,7 +153,8 @@ def compute_metrics_over_real_examples(self, x, y, y_pred, sample_weight=None):
     state declared by `sk.combine_across_replicas` combined across the replicas."""
     own = original(_owner(), "compute_metrics")
     compiled = getattr(self, "_compile_metrics", None)
-    if not _in_replica_context() or compiled is None or y is None:
+    if (not _in_replica_context() or compiled is None or y is None
+            or not _can_communicate(self)):
         return own(self, x, y, y_pred, sample_weight)
     if sample_weight is not None:
         # The counts of this step's _compute_loss, or (a step of its own) new ones.

@@ -27,7 +27,7 @@ def binary_data(size, seed=0):
     return x, y, weights
 
 
-def binary_model(seed=1):
+def binary_model(seed=1, steps_per_execution=1):
     keras.utils.set_random_seed(seed)
     model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(4, activation="tanh"),
                               keras.layers.Dense(1, activation="sigmoid")])
@@ -38,6 +38,7 @@ def binary_model(seed=1):
                  keras.metrics.MeanSquaredError(name="mse")],
         weighted_metrics=[keras.metrics.BinaryAccuracy(name="weighted_accuracy"),
                           keras.metrics.AUC(name="weighted_auc")],
+        steps_per_execution=steps_per_execution,
     )
     return model
 
@@ -62,14 +63,50 @@ def assert_logs_equal(actual, expected, rtol):
     (203, 2),
 ])
 def test_evaluate_equals_one_device(size, replicas, make_strategy):
+    assert_evaluate_equals_one_device(size, replicas, make_strategy)
+
+
+def assert_evaluate_equals_one_device(size, replicas, make_strategy, steps_per_execution=1):
     x, y, w = binary_data(size)
     one_device = binary_model()
     expected = one_device.evaluate(x, y, sample_weight=w, batch_size=GLOBAL_BATCH, verbose=0,
                                    return_dict=True)
     strategy = make_strategy(replicas)
-    model = on_replicas(binary_model, strategy, one_device.get_weights())
+    model = on_replicas(lambda: binary_model(steps_per_execution=steps_per_execution), strategy,
+                        one_device.get_weights())
     data = sk.shard((x, y, w), strategy, global_batch_size=GLOBAL_BATCH)
     assert_logs_equal(model.evaluate(data, verbose=0, return_dict=True), expected, 1e-5)
+
+
+def test_several_steps_per_call_on_several_replicas_warn_and_run_as_keras(make_strategy):
+    # TensorFlow cannot all-reduce inside Keras's loop of steps: the numbers are Keras's
+    # own (exact without a padded batch), and the user is told.
+    with pytest.warns(UserWarning, match=r"steps_per_execution=3 under 4 replicas: "
+                      r"TensorFlow cannot all-reduce .* Compile with steps_per_execution=1"):
+        assert_evaluate_equals_one_device(224, 4, make_strategy, steps_per_execution=3)
+
+
+def test_keras_counts_the_padded_copies_without_the_fix(make_strategy):
+    # What strategykit/upstream/exact_metrics.py fixes (tensorflow/tensorflow#39268): when
+    # this fails, Keras counts only real examples itself; then delete the fix.
+    from strategykit.upstream import exact_metrics
+
+    x, y, w = binary_data(203)
+    one_device = binary_model()
+    expected = one_device.evaluate(x, y, sample_weight=w, batch_size=GLOBAL_BATCH, verbose=0,
+                                   return_dict=True)
+    strategy = make_strategy(4)
+    model = on_replicas(binary_model, strategy, one_device.get_weights())
+    data = sk.shard((x, y, w), strategy, global_batch_size=GLOBAL_BATCH)  # installs the fix
+    for fix in exact_metrics.FIXES:
+        fix.uninstall()
+    try:
+        got = model.evaluate(data, verbose=0, return_dict=True)
+    finally:
+        for fix in exact_metrics.FIXES:
+            fix.install()
+    for key in ("accuracy", "recall", "loss", "weighted_accuracy"):
+        assert abs(got[key] - expected[key]) > 1e-4, key
 
 
 def test_fit_history_with_validation_equals_one_device(make_strategy):
