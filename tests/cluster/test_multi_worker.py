@@ -232,13 +232,14 @@ from test_multi_worker import build_model, training_data
 
 strategy = sk.from_env()
 x, y = training_data()
+data = sk.shard((x, y), strategy, global_batch_size=16)  # installs every fix: shard first
 errors = {}
 for fix in upstream.multi_worker.FIXES:
     fix.uninstall()
     with strategy.scope():
         model = build_model()
     try:
-        model.fit(sk.shard((x, y), strategy, global_batch_size=16), epochs=1, verbose=0)
+        model.fit(data, epochs=1, verbose=0)
     except Exception as error:
         errors[fix.attribute] = str(error)[:300]
     fix.install()
