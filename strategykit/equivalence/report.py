@@ -47,7 +47,9 @@ class CheckReport:
         other_dtype_layers: layers that computed in another dtype than `dtype` (they pin
             their own), by name, with their dtype policy; their rounding stays.
         single_device_metrics, distributed_metrics: what `evaluate()` returned after the
-            steps, on every example of the data: the loss and each compiled metric.
+            steps (the loss and each compiled metric), on the examples of the steps and
+            half a global batch more; empty when the weights differ (the metrics then
+            differ for that reason: they are not compared).
         metric_differences: absolute difference of each of those values, by name.
         first_differing_metric: the first of them, in Keras's order, that differs by
             more than `tolerance` (relative above 1); None when all agree.
@@ -118,6 +120,8 @@ class CheckReport:
 
     def _metrics_line(self) -> str:
         name = self.first_differing_metric
+        if self.max_difference > self.tolerance:
+            return "  metrics not compared: the weights differ"
         if name is None:
             agreed = ", ".join(self.single_device_metrics) or "none"
             return f"  metrics evaluated after the steps agree: {agreed}"

@@ -154,6 +154,8 @@ def test_the_44_batch_norm_resnet50_net_passes_with_sync_bn_and_fails_without():
     assert local.first_differing_layer == "conv1_bn"
     assert local.first_difference_stage == "forward"
     assert "differences start at layer conv1_bn" in str(local)
+    assert "metrics not compared: the weights differ" in str(local)  # nor evaluated
+    assert local.first_differing_metric is None and not local.single_device_metrics
 
 
 @pytest.fixture
