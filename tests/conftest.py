@@ -34,6 +34,13 @@ def _stderr_silenced():
         os.close(saved)
 
 
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: one test process per core and one more, at most 4. Many tests wait on
+    worker processes, timeouts or kernels; the extra process uses a core meanwhile
+    (measured on 2 cores: 11 min 25 s against 12 min 11 s with one per core)."""
+    return min(4, (os.cpu_count() or 1) + 1)
+
+
 LOGICAL_CPUS = 4
 
 with _stderr_silenced():
