@@ -158,7 +158,6 @@ def check(
             single_metrics, distributed_metrics = metrics.evaluate_both(
                 single, distributed, evaluated, strategy=strategy,
                 global_batch_size=global_batch_size)
-    metric_differences = metrics.differences(single_metrics, distributed_metrics)
 
     first_update = None  # unseen when Keras skips batch callbacks (steps_per_execution)
     if single_first and distributed_first:
@@ -180,9 +179,6 @@ def check(
         other_dtype_layers=other_dtypes,
         single_device_metrics=single_metrics,
         distributed_metrics=distributed_metrics,
-        metric_differences=metric_differences,
-        first_differing_metric=metrics.first_differing(single_metrics, metric_differences,
-                                                       tolerance),
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from strategykit.equivalence import metric_differences as metrics
 from strategykit.equivalence import weight_differences as differ
 from strategykit.equivalence.precision import other_dtypes_text
 
@@ -50,9 +51,6 @@ class CheckReport:
             steps (the loss and each compiled metric), on the examples of the steps and
             half a global batch more; empty when the weights differ (the metrics then
             differ for that reason: they are not compared).
-        metric_differences: absolute difference of each of those values, by name.
-        first_differing_metric: the first of them, in Keras's order, that differs by
-            more than `tolerance` (relative above 1); None when all agree.
     """
 
     replicas: int
@@ -70,8 +68,6 @@ class CheckReport:
     other_dtype_layers: dict = dataclasses.field(default_factory=dict)
     single_device_metrics: dict = dataclasses.field(default_factory=dict)
     distributed_metrics: dict = dataclasses.field(default_factory=dict)
-    metric_differences: dict = dataclasses.field(default_factory=dict)
-    first_differing_metric: str | None = None
 
     @property
     def max_difference(self) -> float:
@@ -82,6 +78,18 @@ class CheckReport:
     def worst_weight(self) -> str | None:
         """The path of the weight that differs most."""
         return max(self.differences, key=self.differences.get, default=None)
+
+    @property
+    def metric_differences(self) -> dict:
+        """Absolute difference of each value both evaluations returned, by name."""
+        return metrics.differences(self.single_device_metrics, self.distributed_metrics)
+
+    @property
+    def first_differing_metric(self) -> str | None:
+        """The first of those values, in Keras's order, differing by more than
+        `tolerance` (relative above 1); None when all agree or none were compared."""
+        return metrics.first_differing(self.single_device_metrics, self.metric_differences,
+                                       self.tolerance)
 
     @property
     def passed(self) -> bool:

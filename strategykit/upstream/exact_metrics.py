@@ -116,8 +116,9 @@ def step_counts(sample_weight, batch_size):
     counts = tf.stack([tf.reduce_sum(tf.cast(real, tf.float32)),
                        tf.cast(batch_size, tf.float32)])
     total = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, counts)
-    _latest.counts = (sample_weight, real, total[0] / total[1])
-    return real, total[0] / total[1]
+    fraction = total[0] / total[1]
+    _latest.counts = (sample_weight, real, fraction)
+    return real, fraction
 
 
 def _batch_size(x, sample_weight):

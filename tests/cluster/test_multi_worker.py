@@ -40,11 +40,29 @@ def training_data():
     return x, y
 
 
+def validation_data(replicas):
+    """`(x, y, weights)` whose final batch, of `PER_REPLICA * replicas`, holds 1 example:
+    fewer than replicas. The weights go from 0 to 2."""
+    x, y = training_data()
+    size = 2 * PER_REPLICA * replicas + 1
+    return x[:size], y[:size], np.linspace(0.0, 2.0, size).astype("float32")
+
+
+def model_with_metrics(trained):
+    """`build_model()` with `trained`'s weights, compiled with a metric and a weighted one."""
+    model = build_model()
+    model.compile("sgd", "mse", metrics=[keras.metrics.MeanAbsoluteError(name="mae")],
+                  weighted_metrics=[keras.metrics.MeanSquaredError(name="weighted_mse")])
+    model.set_weights(trained.get_weights())
+    return model
+
+
 _FIT = """
 import json, sys
 import keras, numpy as np
 import strategykit as sk
-from test_multi_worker import EPOCHS, PER_REPLICA, build_model, training_data
+from test_multi_worker import (EPOCHS, PER_REPLICA, build_model, model_with_metrics,
+                               training_data, validation_data)
 
 out = sys.argv[1]
 strategy = sk.from_env()
@@ -59,27 +77,21 @@ callbacks = [
     keras.callbacks.CSVLogger(f"{out}/history.csv"),
     keras.callbacks.TensorBoard(f"{out}/tensorboard"),
 ]
-size = 2 * PER_REPLICA * replicas + 1  # a final batch of 1 example, fewer than replicas
-weights = np.linspace(0.0, 2.0, size).astype("float32")
+validation = sk.shard(validation_data(replicas), strategy,
+                      global_batch_size=PER_REPLICA * replicas)
 history = model.fit(sk.shard((x, y), strategy, global_batch_size=PER_REPLICA * replicas),
                     epochs=EPOCHS, verbose=0, shuffle=False, callbacks=callbacks,
-                    validation_data=sk.shard((x[:size], y[:size], weights), strategy,
-                                             global_batch_size=PER_REPLICA * replicas))
+                    validation_data=validation)
 exact = sk.shard((x, y), strategy, global_batch_size=PER_REPLICA * replicas,
                  pad_remainder=False)
 with strategy.scope():
-    evaluated = build_model()
-    evaluated.compile("sgd", "mse", metrics=[keras.metrics.MeanAbsoluteError(name="mae")],
-                      weighted_metrics=[keras.metrics.MeanSquaredError(name="weighted_mse")])
-evaluated.set_weights(model.get_weights())
+    evaluated = model_with_metrics(model)
 print(json.dumps({
     "paths": [callbacks[2].filepath, callbacks[3].filename, callbacks[4].log_dir],
     "replicas": replicas, "chief": sk.is_chief(), "chief_of_strategy": sk.is_chief(strategy),
     "history": history.history,
     "evaluate": model.evaluate(exact, verbose=0),
-    "metrics": evaluated.evaluate(sk.shard((x[:size], y[:size], weights), strategy,
-                                           global_batch_size=PER_REPLICA * replicas),
-                                  verbose=0, return_dict=True),
+    "metrics": evaluated.evaluate(validation, verbose=0, return_dict=True),
     "predict": model.predict(sk.shard(x[:90], strategy, global_batch_size=replicas * 4,
                                       pad_remainder=False), verbose=0).tolist(),
     "weights": [w.tolist() for w in model.get_weights()],
@@ -90,21 +102,17 @@ print(json.dumps({
 def _one_device(replicas: int):
     x, y = training_data()
     model = build_model()
-    size = 2 * PER_REPLICA * replicas + 1
-    validation = (x[:size], y[:size], np.linspace(0.0, 2.0, size).astype("float32"))
+    validation = validation_data(replicas)
     history = model.fit(x, y, batch_size=PER_REPLICA * replicas, epochs=EPOCHS, verbose=0,
                         shuffle=False, validation_data=validation)
     return model, history.history, x, y, validation
 
 
 def _metrics_of_one_device(model, validation, batch_size):
-    evaluated = build_model()
-    evaluated.compile("sgd", "mse", metrics=[keras.metrics.MeanAbsoluteError(name="mae")],
-                      weighted_metrics=[keras.metrics.MeanSquaredError(name="weighted_mse")])
-    evaluated.set_weights(model.get_weights())
     x, y, weights = validation
-    return evaluated.evaluate(x, y, sample_weight=weights, batch_size=batch_size, verbose=0,
-                              return_dict=True)
+    return model_with_metrics(model).evaluate(x, y, sample_weight=weights,
+                                              batch_size=batch_size, verbose=0,
+                                              return_dict=True)
 
 
 @pytest.mark.parametrize("workers", [2, 3])

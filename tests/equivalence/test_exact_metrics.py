@@ -66,7 +66,9 @@ def test_evaluate_equals_one_device(size, replicas, make_strategy):
     assert_evaluate_equals_one_device(size, replicas, make_strategy)
 
 
-def assert_evaluate_equals_one_device(size, replicas, make_strategy, steps_per_execution=1):
+def evaluated_on_one_device(size, replicas, make_strategy, steps_per_execution=1):
+    """One device's `evaluate()` of `size` examples, and the same model on `replicas`
+    replicas with the same examples as `sk.shard` data."""
     x, y, w = binary_data(size)
     one_device = binary_model()
     expected = one_device.evaluate(x, y, sample_weight=w, batch_size=GLOBAL_BATCH, verbose=0,
@@ -74,7 +76,12 @@ def assert_evaluate_equals_one_device(size, replicas, make_strategy, steps_per_e
     strategy = make_strategy(replicas)
     model = on_replicas(lambda: binary_model(steps_per_execution=steps_per_execution), strategy,
                         one_device.get_weights())
-    data = sk.shard((x, y, w), strategy, global_batch_size=GLOBAL_BATCH)
+    return expected, model, sk.shard((x, y, w), strategy, global_batch_size=GLOBAL_BATCH)
+
+
+def assert_evaluate_equals_one_device(size, replicas, make_strategy, steps_per_execution=1):
+    expected, model, data = evaluated_on_one_device(size, replicas, make_strategy,
+                                                    steps_per_execution)
     assert_logs_equal(model.evaluate(data, verbose=0, return_dict=True), expected, 1e-5)
 
 
@@ -91,13 +98,7 @@ def test_keras_counts_the_padded_copies_without_the_fix(make_strategy):
     # this fails, Keras counts only real examples itself; then delete the fix.
     from strategykit.upstream import exact_metrics
 
-    x, y, w = binary_data(203)
-    one_device = binary_model()
-    expected = one_device.evaluate(x, y, sample_weight=w, batch_size=GLOBAL_BATCH, verbose=0,
-                                   return_dict=True)
-    strategy = make_strategy(4)
-    model = on_replicas(binary_model, strategy, one_device.get_weights())
-    data = sk.shard((x, y, w), strategy, global_batch_size=GLOBAL_BATCH)  # installs the fix
+    expected, model, data = evaluated_on_one_device(203, 4, make_strategy)  # sk.shard installs
     for fix in exact_metrics.FIXES:
         fix.uninstall()
     try:
