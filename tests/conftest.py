@@ -85,6 +85,16 @@ def progress_lines(text: str) -> list[str]:
     return [line for line in lines if re.match(r"\s*\d+/(\d+|Unknown) ", line)]
 
 
+def final_progress_lines(text: str) -> list[str]:
+    """The progress bar lines a terminal keeps at the end: each bar's last redraw.
+
+    A bar redraws its line (after "\\r") at each step; a finished bar ends it with "\\n".
+    """
+    text = re.sub(r"\x1b\[[0-9;]*m", "", text)
+    kept = [re.split(r"[\r\b]+", line)[-1] for line in text.split("\n")]
+    return [line for line in kept if re.match(r"\s*\d+/(\d+|Unknown) ", line)]
+
+
 def cpu_devices(replicas: int) -> list[str]:
     """The names of the first `replicas` logical CPU devices."""
     return [f"/cpu:{i}" for i in range(replicas)]
