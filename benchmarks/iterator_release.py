@@ -1,8 +1,8 @@
 """How long deleting a dataset iterator blocks, after it was read a little and left idle.
 
 TensorFlow 2.21 deletes a distributed dataset's iterator only when its tf.data threads
-wake up by themselves (they wait in `tf.data`'s autotuning loop, whose period doubles up
-to 60 s), so the thread that drops the last reference waits: inside `fit()` when it
+wake up by themselves (those seen in gdb wait in tf.data's autotuning loop, whose period
+doubles up to 60 s), so the thread that drops the last reference waits: inside `fit()` when it
 returns, or inside whatever code Python's garbage collector interrupts. This measures
 it, each kind of iterator in a fresh process: `plain` (an undistributed tf.data
 iterator), `distributed` (`strategy.experimental_distribute_dataset`, 4 replicas) and
