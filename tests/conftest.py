@@ -78,11 +78,14 @@ class ZeroSubclassed(keras.Model):
         return self.dense(x)
 
 
+_COLOUR = re.compile(r"\x1b\[[0-9;]*m")
+_BAR = re.compile(r"\s*\d+/(\d+|Unknown) ")
+
+
 def progress_lines(text: str) -> list[str]:
-    """Keras progress bar lines in printed output, as a terminal shows them, colourless."""
-    text = re.sub(r"\x1b\[[0-9;]*m", "", text)
-    lines = re.split(r"[\r\n\b]+", text)
-    return [line for line in lines if re.match(r"\s*\d+/(\d+|Unknown) ", line)]
+    """Keras progress bar lines in printed output, every redraw, colourless."""
+    lines = re.split(r"[\r\n\b]+", _COLOUR.sub("", text))
+    return [line for line in lines if _BAR.match(line)]
 
 
 def final_progress_lines(text: str) -> list[str]:
@@ -90,9 +93,8 @@ def final_progress_lines(text: str) -> list[str]:
 
     A bar redraws its line (after "\\r") at each step; a finished bar ends it with "\\n".
     """
-    text = re.sub(r"\x1b\[[0-9;]*m", "", text)
-    kept = [re.split(r"[\r\b]+", line)[-1] for line in text.split("\n")]
-    return [line for line in kept if re.match(r"\s*\d+/(\d+|Unknown) ", line)]
+    kept = [re.split(r"[\r\b]+", line)[-1] for line in _COLOUR.sub("", text).split("\n")]
+    return [line for line in kept if _BAR.match(line)]
 
 
 def cpu_devices(replicas: int) -> list[str]:
