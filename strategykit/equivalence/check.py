@@ -152,7 +152,7 @@ def check(
                                                      first_update=accumulation)
         final = differ.largest(differ.values(single), differ.values(distributed))
         single_metrics, distributed_metrics = {}, {}
-        if max(final, default=0.0) <= tolerance:  # else the metrics differ as the weights do
+        if differ.agree(final, tolerance):  # else the metrics differ as the weights do
             evaluated = metrics.evaluation_examples(
                 data, steps * accumulation * global_batch_size, global_batch_size)
             single_metrics, distributed_metrics = metrics.evaluate_both(

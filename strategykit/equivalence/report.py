@@ -75,6 +75,11 @@ class CheckReport:
         return max(self.differences.values(), default=0.0)
 
     @property
+    def weights_agree(self) -> bool:
+        """Whether every weight agrees within `tolerance`."""
+        return differ.agree(self.differences.values(), self.tolerance)
+
+    @property
     def worst_weight(self) -> str | None:
         """The path of the weight that differs most."""
         return max(self.differences, key=self.differences.get, default=None)
@@ -94,7 +99,7 @@ class CheckReport:
     @property
     def passed(self) -> bool:
         """Whether every weight and every metric agree within `tolerance`."""
-        return self.max_difference <= self.tolerance and self.first_differing_metric is None
+        return self.weights_agree and self.first_differing_metric is None
 
     def __bool__(self) -> bool:
         return self.passed
@@ -119,7 +124,7 @@ class CheckReport:
         lines.append(self._metrics_line())
         if self.other_dtype_layers:
             lines.append(f"  note: {other_dtypes_text(self.other_dtype_layers, self.dtype)}")
-        if self.max_difference > self.tolerance:
+        if not self.weights_agree:
             lines.append(
                 "  Look for loss scaled by the per-replica batch, unsynchronized "
                 "BatchNormalization (sk.convert_sync_batchnorm), or randomness in the model."
@@ -127,9 +132,9 @@ class CheckReport:
         return "\n".join(lines)
 
     def _metrics_line(self) -> str:
-        name = self.first_differing_metric
-        if self.max_difference > self.tolerance:
+        if not self.weights_agree:
             return "  metrics not compared: the weights differ"
+        name = self.first_differing_metric
         if name is None:
             agreed = ", ".join(self.single_device_metrics) or "none"
             return f"  metrics evaluated after the steps agree: {agreed}"

@@ -41,6 +41,11 @@ def flat_layers(model: keras.Model, prefix: str = ""):
             yield f"{prefix}{layer.name}", layer
 
 
+def agree(differences, tolerance: float) -> bool:
+    """Whether no weight differs by more than `tolerance` (absolute differences)."""
+    return max(differences, default=0.0) <= tolerance
+
+
 def values(model: keras.Model) -> list[np.ndarray]:
     """A copy of every weight of `model`, in `model.weights` order."""
     return [np.array(weight) for weight in model.weights]
