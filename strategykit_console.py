@@ -16,14 +16,22 @@ STDERR`; every other line passes unchanged. Nothing is quieted with `--verbose`,
 the user set `TF_CPP_MIN_LOG_LEVEL` themselves. Importing `strategykit` as a library
 changes no logging setting.
 
+`strategykit launch` does not import TensorFlow at all: the launcher only starts, watches
+and restarts processes, and importing the package as a library (its `__init__` makes
+`sk.*`) would import TensorFlow and Keras, about 4.5 s of CPU and 400 MB at every
+launch. For that command the package is registered without running its `__init__`, so
+that only `strategykit.cli` and `strategykit.cluster` are imported.
+
 Example:
     $ strategykit demo              # no TensorFlow log lines
     $ strategykit demo --verbose    # TensorFlow's log lines as TensorFlow prints them
+    $ strategykit launch --workers 2 -- python train.py   # the launcher: no TensorFlow
 """
 
 from __future__ import annotations
 
 import atexit
+import importlib.util
 import os
 import re
 import sys
@@ -45,9 +53,24 @@ def main(argv: list[str] | None = None) -> int:
     own_arguments = argv[: argv.index("--")] if "--" in argv else argv
     if "--verbose" not in own_arguments and "TF_CPP_MIN_LOG_LEVEL" not in os.environ:
         quiet_tensorflow()
+    if own_arguments[:1] == ["launch"]:
+        import_package_without_tensorflow()
     from strategykit.cli.commands import main as run
 
     return run(argv)
+
+
+def import_package_without_tensorflow() -> None:
+    """Registers the `strategykit` package without running its `__init__`.
+
+    Its subpackages then import alone: `strategykit.cluster.launch` imports neither
+    TensorFlow nor Keras. Only for a process that runs nothing but strategykit's own
+    command code (`sk.*` names are not defined in it); does nothing when the package is
+    already imported.
+    """
+    if "strategykit" not in sys.modules:
+        spec = importlib.util.find_spec("strategykit")
+        sys.modules["strategykit"] = importlib.util.module_from_spec(spec)
 
 
 def quiet_tensorflow() -> None:

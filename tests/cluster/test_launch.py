@@ -401,6 +401,18 @@ def test_a_worker_count_that_is_no_number_is_an_argparse_error(capsys):
     assert "argument --workers: invalid int value: 'two'" in capsys.readouterr().err
 
 
+def test_the_launcher_process_imports_neither_tensorflow_nor_keras():
+    # `strategykit launch` only runs processes: without the package's __init__ (which
+    # imports both for `sk.*`) it starts in a fraction of a second and holds ~16 MB.
+    code = ("import sys, strategykit_console; "
+            "code = strategykit_console.main(['launch', '--workers', '1', '--', "
+            "sys.executable, '-c', 'pass']); "
+            "print(code, sorted({'tensorflow', 'keras'} & set(sys.modules)))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=TIMEOUT)
+    assert result.stdout.strip().splitlines()[-1] == "0 []", result.stderr
+
+
 # What each worker gets.
 
 
