@@ -301,19 +301,22 @@ def test_a_guarded_worker_is_the_command_itself_in_its_own_group(job):
 def test_a_stopped_worker_is_named_and_the_hung_job_killed(job):
     # Each worker reports a step as `sk.from_env()` has it reported in a real job; then
     # worker 1 stops (SIGSTOP) and worker 0 waits for it, alive but without progress.
+    # Written whole or not at all, as `sk.from_env()` writes it (a report read half-written
+    # would look like a worker without a heartbeat).
     job.worker("""
-        with open(os.environ["STRATEGYKIT_PROGRESS_FILE"], "w") as file:
-            json.dump({"epoch": 2, "step": 3 + k, "progress": time.time(),
-                       "heartbeat": time.time()}, file)
+        def report(**facts):
+            path = os.environ["STRATEGYKIT_PROGRESS_FILE"]
+            with open(path + ".tmp", "w") as file:
+                json.dump(facts, file)
+            os.replace(path + ".tmp", path)
+
+        now = time.time()
+        report(epoch=2, step=3 + k, progress=now, heartbeat=now)
         if k == 1:
             os.kill(os.getpid(), signal.SIGSTOP)
         while True:  # worker 0's heartbeat goes on
             time.sleep(0.2)
-            with open(os.environ["STRATEGYKIT_PROGRESS_FILE"]) as file:
-                report = json.load(file)
-            report["heartbeat"] = time.time()
-            with open(os.environ["STRATEGYKIT_PROGRESS_FILE"], "w") as file:
-                json.dump(report, file)
+            report(epoch=2, step=3, progress=now, heartbeat=time.time())
     """)
     started = time.time()
     result = job.run("--workers", "2", "--hang-timeout", "4")
