@@ -111,7 +111,8 @@ def test_model_fn_must_return_a_compiled_model():
 # conv4_block6_out (43 BN layers) with a small head (1 more), 5 classes. Issue 12 used
 # 64x64 inputs on 4 replicas; 32x32 (the smallest ResNet50 takes) on 2 replicas shows the
 # same in half the time: the time goes into tracing the net, once per replica.
-def deeplab_fn(synchronized):
+def deeplab_fn(synchronized, built=None):
+    """`model_fn` of that net; each model it builds is appended to `built` if given."""
     def model_fn():
         keras.utils.set_random_seed(0)
         backbone = keras.applications.ResNet50(weights=None, include_top=False,
@@ -127,6 +128,8 @@ def deeplab_fn(synchronized):
             model = sk.convert_sync_batchnorm(model)
         model.compile(keras.optimizers.SGD(0.01),
                       keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        if built is not None:
+            built.append(model)
         return model
 
     return model_fn
@@ -135,15 +138,17 @@ def deeplab_fn(synchronized):
 def test_the_44_batch_norm_resnet50_net_passes_with_sync_bn_and_fails_without():
     # float32 rounding alone moves this net 0.03 in 3 steps (as much as the real error);
     # the default float64 comparison separates the two.
-    model = deeplab_fn(synchronized=True)()
-    assert sum(isinstance(layer, sk.SyncBatchNormalization) for layer in model.layers) == 44
     rng = np.random.default_rng(0)
     data = (rng.normal(size=(24, 32, 32, 3)).astype("float32"),
             rng.integers(0, 5, size=(24, 32, 32)))
     strategy = sk.mirrored(cpu_devices(2))
 
-    synced = sk.check(deeplab_fn(synchronized=True), data, strategy=strategy,
+    built = []
+    synced = sk.check(deeplab_fn(synchronized=True, built=built), data, strategy=strategy,
                       global_batch_size=4)
+    assert len(built) == 2  # the one device's model and the replicas'
+    for model in built:
+        assert sum(isinstance(layer, sk.SyncBatchNormalization) for layer in model.layers) == 44
     assert synced.passed, str(synced)
     assert synced.dtype == "float64" and synced.max_difference < 1e-8
     assert synced.first_differing_layer is None
