@@ -19,8 +19,9 @@ changes no logging setting.
 `strategykit launch` does not import TensorFlow at all: the launcher only starts, watches
 and restarts processes, and importing the package as a library (its `__init__` makes
 `sk.*`) would import TensorFlow and Keras, about 4.5 s of CPU and 650 MB at every
-launch (`benchmarks/launcher_start.py`). For that command the package is registered without running its `__init__`, so
-that only `strategykit.cli` and `strategykit.cluster` are imported.
+launch (`benchmarks/launcher_start.py`). For that command the package is registered
+without running its `__init__`, so that only `strategykit.cli` and `strategykit.cluster`
+are imported.
 
 Example:
     $ strategykit demo              # no TensorFlow log lines
