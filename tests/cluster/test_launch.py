@@ -35,11 +35,13 @@ k = int(os.environ["STRATEGYKIT_WORKER"])
 attempt = int(os.environ["STRATEGYKIT_RESTART"])
 FOLDER = {folder!r}
 
-def record(name, **facts):
-    path = os.path.join(FOLDER, name + ".json")
+def write_whole(path, facts):
     with open(path + ".tmp", "w") as file:
         json.dump(facts, file)
     os.rename(path + ".tmp", path)  # whole or not at all for the reader
+
+def record(name, **facts):
+    write_whole(os.path.join(FOLDER, name + ".json"), facts)
 
 def wait_for(name):
     while not os.path.exists(os.path.join(FOLDER, name + ".json")):
@@ -305,10 +307,7 @@ def test_a_stopped_worker_is_named_and_the_hung_job_killed(job):
     # would look like a worker without a heartbeat).
     job.worker("""
         def report(**facts):
-            path = os.environ["STRATEGYKIT_PROGRESS_FILE"]
-            with open(path + ".tmp", "w") as file:
-                json.dump(facts, file)
-            os.replace(path + ".tmp", path)
+            write_whole(os.environ["STRATEGYKIT_PROGRESS_FILE"], facts)
 
         now = time.time()
         report(epoch=2, step=3 + k, progress=now, heartbeat=now)
