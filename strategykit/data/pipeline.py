@@ -14,7 +14,7 @@ from strategykit.data.batching import batch_for_replicas, count_batches
 
 def make_pipeline(examples, size=None, context=None, *, global_batch_size, remainder,
                   replicas=None, shuffle=False, seed=None, shuffle_buffer=None, augment=None,
-                  every_replica=False, steps=None):
+                  every_replica=False, steps=None, specs=None, continuous=False):
     """Shuffles and batches unbatched examples; used by `shard` and `shard_tfds`.
 
     With an input `context` (`distribute_datasets_from_function`) the result is this
@@ -28,7 +28,9 @@ def make_pipeline(examples, size=None, context=None, *, global_batch_size, remai
     `seed`, its epoch keys the shuffle order and the augmentation seeds, and a resumed
     epoch skips the steps done before the interruption. tf.data then no longer knows the number of
     batches; when it is known it is appended to the list `steps`, for the caller to
-    state to Keras.
+    state to Keras; the spec of a step's element is appended to the list `specs`. With
+    `continuous`, one pass of the result is every epoch's pass from
+    the current one on (`position.positioned`).
     """
     options = tf.data.Options()
     policy = tf.data.experimental.AutoShardPolicy
@@ -50,13 +52,12 @@ def make_pipeline(examples, size=None, context=None, *, global_batch_size, remai
     if augment is not None and seed is None:
         examples = _augmented(examples, augment, None, None, None if every_replica else context)
 
-    def one_pass():
+    def one_pass(epoch):
         shuffled = examples
         if seed is not None:
             # The seed and the epoch alone decide: a global seed (tf.random.set_seed)
             # would combine with them, and trips over a seed that is a tensor.
             tf.compat.v1.set_random_seed(None)  # of this function's graph only
-            epoch = position.epoch()
             if shuffle:
                 shuffled = shuffled.shuffle(shuffle_buffer, seed=_epoch_seed(seed, epoch),
                                             reshuffle_each_iteration=False)
@@ -71,7 +72,9 @@ def make_pipeline(examples, size=None, context=None, *, global_batch_size, remai
 
     if count is not None and steps is not None:
         steps.append(count)
-    batches = position.positioned(one_pass, per_step)
+    batches = position.positioned(one_pass, per_step, continuous=continuous)
+    if specs is not None:
+        specs.append(batches.element_spec)
     return batches.prefetch(tf.data.AUTOTUNE).with_options(options)
 
 

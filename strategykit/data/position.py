@@ -12,6 +12,11 @@ Every pass over an `sk.shard` dataset reads the training position when it starts
 
 The position lives in two `tf.Variable`s on the host, read inside the input pipeline
 when each pass starts; they are made when `sk.shard` first needs them.
+
+A *continuous* dataset (`positioned(..., continuous=True)`) is every epoch's pass one
+after the other, from the epoch set when its iterator starts: pass `k` is epoch
+`first + k`, whenever tf.data prefetches it. `strategykit.data.stream` keeps one iterator
+of it for many epochs.
 """
 
 from __future__ import annotations
@@ -57,33 +62,54 @@ def skip_steps(steps: int) -> None:
     _variables()["skip"].assign(int(steps))
 
 
-def epoch() -> tf.Tensor:
-    """The epoch, inside a pass's function (read when the pass starts)."""
-    return _variables()["epoch"].read_value()
+def current_epoch() -> int:
+    """The epoch passes that start now are keyed by (0 before any `fit()`)."""
+    return int(_variables()["epoch"].numpy())
 
 
-def positioned(make_pass, elements_per_step: int) -> tf.data.Dataset:
-    """A dataset whose every pass is `make_pass()`, started at the training position.
+def pending_skip() -> int:
+    """The steps the next pass to start leaves out (0 unless a run was resumed)."""
+    return int(_variables()["skip"].numpy())
+
+
+def positioned(make_pass, elements_per_step: int, *,
+               continuous: bool = False) -> tf.data.Dataset:
+    """A dataset whose every pass is `make_pass(epoch)`, started at the training position.
 
     Args:
-        make_pass: a function of no arguments returning one pass's dataset; it may read
-            `epoch()`.
+        make_pass: a function of the epoch (an int64 tensor) returning that epoch's pass.
         elements_per_step: elements of that dataset per training step.
+        continuous: every pass of the dataset is one epoch's pass (the current one)
+            when False (default); when True, one pass holds every epoch's pass from the
+            current one on, endlessly, the first starting at the pending skip.
 
     Returns:
         The dataset; its cardinality is unknown to tf.data (a pass may be shorter), so
         state the steps to Keras separately.
+
+    Example:
+        >>> import tensorflow as tf
+        >>> ds = positioned(lambda epoch: tf.data.Dataset.from_tensors(epoch), 1,
+        ...                 continuous=True)
+        >>> [int(e) for e in ds.take(3)]  # epochs 0, 1, 2 after one another
+        [0, 1, 2]
     """
     variables = _variables()
 
-    def one_pass(_):
+    def epochs(_):
+        first = variables["epoch"].read_value()
         skip = variables["skip"].read_value()
-        with tf.control_dependencies([skip]):
+        with tf.control_dependencies([first, skip]):
             cleared = variables["skip"].assign(0)
         with tf.control_dependencies([cleared]):
-            return make_pass().skip(skip * elements_per_step)
+            end = tf.constant(tf.int64.max, tf.int64) if continuous else first + 1
+            epoch = tf.data.Dataset.range(first, end)
+        skips = tf.data.Dataset.from_tensors(skip * elements_per_step).concatenate(
+            tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).repeat())
+        return tf.data.Dataset.zip((epoch, skips)).flat_map(
+            lambda epoch, skip: make_pass(epoch).skip(skip))
 
-    return tf.data.Dataset.from_tensors(0).flat_map(one_pass)
+    return tf.data.Dataset.from_tensors(0).flat_map(epochs)
 
 
 class EpochTracker(keras.callbacks.Callback):

@@ -25,6 +25,7 @@ from strategykit.data import position
 from strategykit.data.batching import split_labels
 from strategykit.data.pipeline import make_pipeline
 from strategykit.data.sources import check_size, examples_source
+from strategykit.data.stream import EpochStream, attach_stream
 from strategykit.upstream import state_steps
 
 _WEIGHTED = weakref.WeakKeyDictionary()  # distributed datasets made here that carry weights
@@ -178,22 +179,31 @@ def shard(
         )
 
     steps: list = []  # each pipeline's step count, when known
+    specs: list = []  # each pipeline's element spec
     pipeline = functools.partial(
         make_pipeline, global_batch_size=global_batch_size, remainder=remainder,
         shuffle=shuffle, seed=seed, shuffle_buffer=shuffle_buffer or size,
-        replicas=strategy.num_replicas_in_sync, augment=augment, steps=steps,
+        replicas=strategy.num_replicas_in_sync, augment=augment, steps=steps, specs=specs,
     )
-    if callable(data):
-        distributed = strategy.distribute_datasets_from_function(
-            lambda context: pipeline(source(context), context=context))
-    elif remainder == "split":
-        # Uneven per-replica batches need per-replica pipelines: cut by `split_evenly`.
-        distributed = strategy.distribute_datasets_from_function(
-            lambda context: pipeline(source(None), size, context=context, every_replica=True))
-    else:
-        distributed = strategy.experimental_distribute_dataset(pipeline(source(None)))
+
+    def distribute(continuous: bool = False):
+        build = functools.partial(pipeline, continuous=continuous)
+        if callable(data):
+            return strategy.distribute_datasets_from_function(
+                lambda context: build(source(context), context=context))
+        if remainder == "split":
+            # Uneven per-replica batches need per-replica pipelines: cut by `split_evenly`.
+            return strategy.distribute_datasets_from_function(
+                lambda context: build(source(None), size, context=context, every_replica=True))
+        return strategy.experimental_distribute_dataset(build(source(None)))
+
+    distributed = distribute()
     if steps:
         state_steps(distributed, steps[0])
+        if not is_multi_worker(strategy):
+            attach_stream(distributed, EpochStream(
+                lambda: distribute(continuous=True), steps[0], element_spec=specs[0],
+                keyed_by_epoch=seed is not None and (shuffle or augment is not None)))
     _WEIGHTED[distributed] = True
     return distributed
 

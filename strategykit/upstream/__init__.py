@@ -43,12 +43,20 @@ Example:
     ['keras-team/keras#20582', 'keras-team/keras#20585', 'tensorflow/tensorflow#39268']
 """
 
-from strategykit.upstream import accumulation, exact_metrics, multi_worker, worker_files
+from strategykit.upstream import (
+    accumulation,
+    epoch_input,
+    exact_metrics,
+    multi_worker,
+    steps_per_execution,
+    worker_files,
+)
 from strategykit.upstream.coordination import COORDINATION_RELIES_ON
 from strategykit.upstream.fix import CHECKED_ON, Fix, fingerprint, original, resolve
 from strategykit.upstream.step_count import STEPS_RELIES_ON, state_steps
 
-FIXES = (*accumulation.FIXES, *multi_worker.FIXES, *worker_files.FIXES, *exact_metrics.FIXES)
+FIXES = (*accumulation.FIXES, *multi_worker.FIXES, *worker_files.FIXES, *exact_metrics.FIXES,
+         *epoch_input.FIXES, *steps_per_execution.FIXES)
 """Every fix, in the order `install()` installs them."""
 
 __all__ = ["CHECKED_ON", "COORDINATION_RELIES_ON", "FIXES", "STEPS_RELIES_ON", "Fix", "fingerprint",

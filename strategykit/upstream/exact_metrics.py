@@ -41,7 +41,7 @@ import weakref
 
 import tensorflow as tf
 
-from strategykit.upstream import metric_state
+from strategykit.upstream import metric_state, steps_per_execution
 from strategykit.upstream.fix import CHECKED_ON, Fix, original, resolve
 
 ISSUE = "tensorflow/tensorflow#39268"
@@ -84,7 +84,7 @@ def _can_communicate(model) -> bool:
     once per model that its numbers are then Keras's own."""
     replicas = tf.distribute.get_strategy().num_replicas_in_sync
     steps = getattr(model, "steps_per_execution", 1)
-    if replicas == 1 or steps == 1:
+    if replicas == 1 or steps == 1 or steps_per_execution.in_own_loop():
         return True
     if model not in _warned_models:
         _warned_models.add(model)

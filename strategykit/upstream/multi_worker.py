@@ -16,6 +16,10 @@ to Keras's own code under every other strategy and on a single worker:
   axis=0)` of the stacked replicas' values); across workers that is
   `strategy.reduce("MEAN", v, axis=None)`, which the fix calls.
 
+The first fix also serves `strategykit.upstream.epoch_input`, under every strategy: for
+`sk.shard` data it builds the model from `example_batch_of(iterator)` (zeros of the
+data's shapes), so that building reads nothing from the pipeline Keras keeps.
+
 Keras's other reductions across workers (`"concat"` for `predict()`, `"sum"`) work and
 are left as they are.
 """
@@ -25,6 +29,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from strategykit.cluster.roles import is_multi_worker
+from strategykit.upstream import epoch_input
 from strategykit.upstream.fix import CHECKED_ON, Fix, original, resolve
 
 _TRAINER_MODULE = "keras.src.backend.tensorflow.trainer"
@@ -33,7 +38,10 @@ _TRAINER = f"{_TRAINER_MODULE}:TensorFlowTrainer"
 
 def _build_from_first_replica(self, iterator=None, data_batch=None):
     strategy = self._distribute_strategy
-    if iterator is not None and strategy is not None and is_multi_worker(strategy):
+    example = epoch_input.example_batch_of(iterator) if data_batch is None else None
+    if example is not None:  # sk.shard data: its shapes, without reading an example
+        data_batch, iterator = example, None
+    elif iterator is not None and strategy is not None and is_multi_worker(strategy):
         for _, _, batches in iterator:  # as upstream: the first batch of the first epoch
             batch = next(batches)
             break

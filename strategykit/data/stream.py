@@ -1,0 +1,128 @@
+"""One input pipeline for many epochs: the iterator Keras keeps over `sk.shard` data.
+
+Keras makes a new iterator of a distributed dataset every epoch of `fit()` (and every
+`evaluate()`), and under several replicas each costs more than an epoch of a small
+model's steps to start, and blocks when it is deleted. `sk.shard` knows what Keras does
+not: the steps of every pass, and which epoch orders it. So each `sk.shard` dataset
+gets an `EpochStream`: one iterator over a *continuous* copy of its pipeline (every
+epoch's pass after the other, `position.positioned(..., continuous=True)`), which
+`strategykit.upstream.epoch_input` hands to Keras epoch after epoch.
+
+An epoch continues the iterator when it is the one the iterator has reached: the
+previous epoch took every step of its pass, no resumed run asks to skip steps, and,
+when the order depends on the epoch (a `seed` with `shuffle` or `augment`), the epoch
+is the next. Otherwise (the first epoch, another `fit()` from epoch 0, an epoch broken
+off) the stream starts a new iterator at the training position, and the old one is
+released on a thread of its own (`upstream.iterator_reaper`). Each epoch sees the
+examples it sees through `for batch in dataset`, in the same order.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+
+import tensorflow as tf
+
+from strategykit.data import position
+from strategykit.upstream import epoch_input, iterator_reaper
+
+
+class EpochStream:
+    """The epochs of one `sk.shard` dataset, read from one long-lived iterator.
+
+    Args:
+        make_continuous: a function of no arguments returning the continuous distributed
+            dataset (made when the first epoch is read).
+        steps: the steps of a whole pass (an epoch).
+        keyed_by_epoch: whether the order of a pass depends on its epoch.
+        element_spec: the per-step element's spec (shapes and dtypes), for
+            `example_batch`.
+
+    Example:
+        >>> import numpy as np, strategykit as sk  # doctest: +SKIP
+        >>> strategy = sk.mirrored(replicas=2)  # doctest: +SKIP
+        >>> ds = sk.shard(np.arange(10.0), strategy, global_batch_size=4)  # doctest: +SKIP
+        >>> stream = stream_of(ds)  # doctest: +SKIP
+        >>> iterator, steps, token = stream.open_epoch()  # doctest: +SKIP
+        >>> steps  # doctest: +SKIP
+        3
+    """
+
+    def __init__(self, make_continuous, steps: int, *, keyed_by_epoch: bool, element_spec):
+        self._make_continuous = make_continuous
+        self._continuous = None
+        self.steps = int(steps)
+        self.keyed_by_epoch = keyed_by_epoch
+        self.element_spec = element_spec
+        self.iterators_made = 0
+        self._lock = threading.Lock()
+        self._iterator = None
+        self._next_epoch = None  # the epoch whose pass the iterator starts next
+        self._open = False  # an epoch was opened and not closed after all its steps
+        self._token = 0  # names the epoch last opened
+
+    def open_epoch(self) -> tuple:
+        """The iterator at the start of the current epoch's pass, its steps, and a token
+        for `close_epoch`.
+
+        The steps are the pass's, less those a resumed run skips.
+        """
+        epoch, skip = position.current_epoch(), position.pending_skip()
+        with self._lock:
+            if not self._continues(epoch, skip):
+                self._start()
+            self._token += 1
+            self._open, self._next_epoch = True, epoch
+            return self._iterator, self.steps - skip, self._token
+
+    def close_epoch(self, token: int, completed: bool) -> None:
+        """Ends the epoch `token` names: all its steps were read (`completed`), or it was
+        broken off (the iterator is then mid-pass: the next epoch starts a new one). An
+        epoch opened since then is left alone."""
+        with self._lock:
+            if token != self._token or not self._open:
+                return
+            if completed:
+                self._open, self._next_epoch = False, self._next_epoch + 1
+            else:
+                self._retire()
+
+    def example_batch(self):
+        """A batch of zeros shaped as one replica's batch (for building a model)."""
+        return tf.nest.map_structure(
+            lambda spec: tf.zeros([d if d is not None else 1 for d in spec.shape], spec.dtype),
+            self.element_spec)
+
+    def release(self) -> None:
+        """Lets go of the iterator (on the reaper's thread)."""
+        with self._lock:
+            self._retire()
+
+    def _continues(self, epoch: int, skip: int) -> bool:
+        return (self._iterator is not None and not self._open and skip == 0
+                and (not self.keyed_by_epoch or epoch == self._next_epoch))
+
+    def _start(self) -> None:
+        self._retire()
+        if self._continuous is None:
+            self._continuous = self._make_continuous()
+        self._iterator = iter(self._continuous)
+        self.iterators_made += 1
+
+    def _retire(self) -> None:
+        if self._iterator is not None:
+            iterator_reaper.release(self._iterator)
+        self._iterator, self._open = None, False
+
+
+def attach_stream(distributed, stream: EpochStream) -> None:
+    """Makes Keras read `distributed` through `stream`; the stream's iterator is released
+    (off the caller's thread) when `distributed` is."""
+    epoch_input.register(distributed, stream)
+    weakref.finalize(distributed, stream.release)
+
+
+def stream_of(distributed) -> EpochStream | None:
+    """The stream of an `sk.shard` dataset, or None."""
+    return epoch_input.source_of(distributed)

@@ -1,0 +1,150 @@
+"""keras-team/keras#19246: `steps_per_execution` > 1 under several replicas.
+
+Keras runs `steps_per_execution=K` steps in one call of a `tf.function`: a `tf.while_loop`
+whose body takes the next batch as a `tf.experimental.Optional` and runs the step in a
+`tf.cond` on whether it has a value, so that an epoch may end inside the loop. Under a
+`MirroredStrategy` of several replicas, a step that all-reduces (synchronized batch norm,
+`strategykit.upstream.exact_metrics`) fails there: `You must feed a value for placeholder
+tensor 'while/cond/Placeholder'`. strategykit always knows how many steps an execution
+runs (`strategykit.upstream.epoch_input` counts the steps of each epoch), so it needs no
+Optional and no cond:
+
+* `execution(iterator, count, K)` is what the epoch iterator hands Keras's step function
+  for an execution of `count` steps: the iterator itself when K is 1 (Keras's code runs,
+  unchanged), else `Steps(iterator, count)`.
+* `TensorFlowTrainer._make_function` (which builds `train_function` and `test_function`)
+  is replaced by one that runs a `Steps` in a `tf.function` of its own: the first step,
+  then a `tf.while_loop` of the other `count - 1` (a tensor: traced once), each step
+  Keras's `strategy.run(step) + reduce_per_replica(..., "auto")`. Anything else goes to
+  the function Keras built.
+
+`Steps` is also a Python iterator of its `count` batches, so code that iterates it (as
+Keras's `predict()` and its eager fallback do) reads exactly those.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import tensorflow as tf
+
+from strategykit.upstream.fix import CHECKED_ON, Fix, original, resolve
+
+ISSUE = "keras-team/keras#19246"
+_TRAINER_MODULE = "keras.src.backend.tensorflow.trainer"
+_TRAINER = f"{_TRAINER_MODULE}:TensorFlowTrainer"
+_tracing = [0]  # > 0 while the steps of our own loop are traced (every replica's thread)
+
+
+class Steps:
+    """The next `count` batches of `iterator`: one execution of several steps.
+
+    Example:
+        >>> import tensorflow as tf
+        >>> steps = Steps(iter(tf.data.Dataset.range(10)), 3)
+        >>> [int(batch) for batch in steps]
+        [0, 1, 2]
+    """
+
+    def __init__(self, iterator, count: int):
+        self.iterator = iterator
+        self.count = int(count)
+        self._left = self.count
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._left <= 0:
+            raise StopIteration
+        self._left -= 1
+        return next(self.iterator)
+
+    def take_all(self):
+        """The iterator and the steps left, marking them all read (by a traced loop)."""
+        left, self._left = self._left, 0
+        return self.iterator, left
+
+
+def execution(iterator, count: int, steps_per_execution: int):
+    """What the step function gets for an execution of `count` steps of `iterator`."""
+    return iterator if steps_per_execution == 1 else Steps(iterator, count)
+
+
+def in_own_loop() -> bool:
+    """True while a step is traced inside this module's loop of several steps, where
+    all-reduces work (`exact_metrics` asks)."""
+    return _tracing[0] > 0
+
+
+@contextlib.contextmanager
+def _own_loop():
+    _tracing[0] += 1
+    try:
+        yield
+    finally:
+        _tracing[0] -= 1
+
+
+def _make_function(self, step_function):
+    keras_function = original(resolve(_TRAINER), "_make_function")(self, step_function)
+    run_steps = None
+
+    def function(iterator):
+        nonlocal run_steps
+        if not isinstance(iterator, Steps):
+            return keras_function(iterator)
+        if run_steps is None:
+            run_steps = _steps_function(self, step_function)
+        data, count = iterator.take_all()
+        return run_steps(data, tf.constant(count, tf.int32))
+
+    return function
+
+
+def _steps_function(model, step_function):
+    """A function `(iterator, count)` running `count` steps; returns the last logs."""
+
+    def one_step(data):
+        strategy = model.distribute_strategy
+        outputs = strategy.run(step_function, args=(data,))
+        # Looked up at each call: strategykit.upstream.multi_worker replaces it.
+        return resolve(_TRAINER_MODULE).reduce_per_replica(outputs, strategy, "auto")
+
+    if model.run_eagerly:
+        def run_steps(iterator, count):
+            for _ in range(int(count)):
+                outputs = one_step(next(iterator))
+            return outputs
+
+        return run_steps
+
+    one_step = tf.function(one_step, reduce_retracing=True, jit_compile=model.jit_compile)
+
+    def run_steps(iterator, count):
+        with _own_loop():
+            outputs = one_step(next(iterator))
+            _, outputs = tf.while_loop(
+                lambda done, _: done < count,
+                lambda done, _: (done + 1, one_step(next(iterator))),
+                (tf.constant(1), outputs))
+        return outputs
+
+    return tf.function(run_steps, reduce_retracing=True)
+
+
+FIXES = (
+    Fix(
+        issue=ISSUE,
+        checked_on=CHECKED_ON,
+        owner=_TRAINER,
+        attribute="_make_function",
+        replacement=_make_function,
+        relies_on={
+            # wrapped; its function takes an iterator, runs steps_per_execution steps
+            f"{_TRAINER}._make_function": "bb33b7a0da3d2740",
+            # what each of our steps runs after strategy.run, as Keras's does
+            f"{_TRAINER_MODULE}:reduce_per_replica": "2e7d54b1e6edc29a",
+        },
+    ),
+)
