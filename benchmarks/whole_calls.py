@@ -1,27 +1,24 @@
 """Whole Keras calls as users make them: one device, Keras + MirroredStrategy, strategykit.
 
 Workload (the demo's): scikit-learn digits (1,347 train, 450 test, 8x8x1), three blocks of
-3x3 Conv2D (16 channels, no bias) + BatchNormalization + ReLU, global average pooling and
-Dense(10) logits, Adam, global batch 64 (21 training steps an epoch, the remainder
-dropped). Variants, each in a fresh process: `one_device` (plain Keras and tf.data, no
-strategy), `keras_distribute` (tf.distribute.MirroredStrategy over 4 logical CPUs as the
-Keras docs show: model in `strategy.scope()`, BatchNormalization(synchronized=True), the
-same tf.data pipelines), `strategykit` (`sk.mirrored(replicas=4)`, `sk.shard`,
-`sk.convert_sync_batchnorm`, `sk.callbacks.CrossReplicaLoss()`). Each process makes, in
-order, `fit(train, epochs=E, validation_data=val)`, `evaluate(val)`, `predict(x)` and three
-"notebook" `fit(..., epochs=2)` calls on the same model. A callback stamps every hook with
-`time.perf_counter()`; from the stamps come the step time (per step, also with
-`--steps-per-execution`), the time from an epoch's start to its first step and from its
-last step to its end (validation included; validation's own time to its first step too),
-the epoch time (median over epochs after the first) and the return delay (last batch end
-until the call returns; the target is at most 0.5 s for every call).
+3x3 Conv2D (16 channels, no bias) + BatchNormalization + ReLU, pooling, Dense(10) logits,
+Adam, global batch 64, 21 training steps an epoch. Variants, each in a fresh process:
+`one_device` (plain Keras and tf.data), `keras_distribute` (MirroredStrategy over 4 logical
+CPUs as the Keras docs show, BatchNormalization(synchronized=True), the same tf.data
+pipelines), `strategykit` (`sk.mirrored(replicas=4)`, `sk.shard`, `sk.convert_sync_batchnorm`,
+`sk.callbacks.CrossReplicaLoss()`). Each process calls `fit(train, epochs=E,
+validation_data=val)`, `evaluate(val)`, `predict(x)`, then three "notebook" `fit(...,
+epochs=2)` on the same model. A callback stamps every hook with `time.perf_counter()`,
+giving per call: step time (per step, also with `--steps-per-execution`), epoch start to
+first step, last step to epoch end (validation included) and validation start to its first
+step, epoch time (all medians over the epochs after the first), and the return delay, from
+the last batch's end until the call returns (target: at most 0.5 s, every call).
 
-The parent runs the variants round robin in fresh processes after one uncounted warm-up
-run, and prints per figure the median over processes with min and max, and the ratios
-of the first fit's epoch time, median of the rounds' ratios with min and max.
-`--count-collectives` instead traces one training step of each variant (each in its own
-process: strategykit's fixes and two strategies must not meet) and counts the collective
-ops in its graph, through every function it calls.
+The parent runs the variants round robin in fresh processes after an uncounted warm-up
+and prints each figure's median over processes with min and max, and the median, min and
+max of the rounds' ratios of the first fit's epoch time. `--count-collectives` instead
+traces one training step of each variant (each in its own process, so strategykit's fixes
+and two strategies never meet) and counts the collective ops its graph runs.
 
     python benchmarks/whole_calls.py --pairs 5
     python benchmarks/whole_calls.py --pairs 5 --steps-per-execution 4
@@ -34,7 +31,6 @@ import argparse
 import collections
 import json
 import statistics
-import sys
 import time
 
 import harness
@@ -42,9 +38,8 @@ import harness
 VARIANTS = ("one_device", "keras_distribute", "strategykit")
 REPLICAS = 4
 BATCH = 64
-HOOKS = ("train_begin", "train_end", "epoch_begin", "epoch_end", "test_begin", "test_end",
-         "predict_begin", "predict_end", "train_batch_begin", "train_batch_end",
-         "test_batch_begin", "test_batch_end", "predict_batch_begin", "predict_batch_end")
+HOOKS = [f"{what}_{when}" for what in ("train", "epoch", "test", "predict", "train_batch",
+                                        "test_batch", "predict_batch") for when in ("begin", "end")]
 
 
 def _setup(variant: str, steps_per_execution: int):
@@ -104,9 +99,7 @@ def _timer():
             self.events.append((hook, time.perf_counter(), index if "batch" in hook else None))
         return record
 
-    members = {f"on_{hook}": recorder(hook) for hook in HOOKS}
-    timer_class = type("Timer", (keras.callbacks.Callback,), members)
-    timer = timer_class()
+    timer = type("Timer", (keras.callbacks.Callback,), {f"on_{h}": recorder(h) for h in HOOKS})()
     timer.events = []
     return timer
 
@@ -123,12 +116,8 @@ def _steps(events, kind: str) -> list[float]:
     return seconds
 
 
-def _first(events, hook):
-    return next((t for h, t, _ in events if h == hook), None)
-
-
-def _last(events, hook):
-    return next((t for h, t, _ in reversed(events) if h == hook), None)
+def _first(events, hook, last=False):
+    return next((t for h, t, _ in (reversed(events) if last else events) if h == hook), None)
 
 
 def _median(values):
@@ -146,22 +135,16 @@ def _figures(call: str, events, started: float, returned: float) -> dict:
         start = _first(events, f"{kind}_begin")
         out["before_first"] = _first(events, f"{kind}_batch_begin") - start
         return out
-    epochs, current = [], None
-    for event in events:
-        if event[0] == "epoch_begin":
-            current = []
-        if current is not None:
-            current.append(event)
-        if event[0] == "epoch_end":
-            epochs.append(current)
-            current = None
+    begins = [i for i, (h, _, _) in enumerate(events) if h == "epoch_begin"]
+    ends = [i for i, (h, _, _) in enumerate(events) if h == "epoch_end"]
+    epochs = [events[i:j + 1] for i, j in zip(begins, ends)]
     per_epoch = []
     for e in epochs:
         test_begin = _first(e, "test_begin")
         per_epoch.append({
             "epoch": e[-1][1] - e[0][1],
             "before_first": _first(e, "train_batch_begin") - e[0][1],
-            "after_last": e[-1][1] - _last(e, "train_batch_end"),
+            "after_last": e[-1][1] - _first(e, "train_batch_end", last=True),
             "val_before_first": test_begin and _first(e, "test_batch_begin") - test_begin,
             "steps": sum(i - j + 1 for (h, _, i), (_, _, j) in zip(e[1:], e)
                          if h == "train_batch_end"),
@@ -246,8 +229,7 @@ def count_collectives(variant: str) -> dict[str, int]:
 
 
 def _cell(values) -> str:
-    values = [v * 1e3 for v in values if v is not None]
-    if not values:
+    if not (values := [v * 1e3 for v in values if v is not None]):
         return f"{'-':>27}"
     return f"{statistics.median(values):8.1f} [{min(values):7.1f}, {max(values):7.1f}]"
 
@@ -274,32 +256,45 @@ ROWS = [  # (label, figure of one process's calls)
 ]
 
 
+def _child(arguments: list[str]):
+    """A fresh process's JSON, or None when it failed (its last error line is printed)."""
+    try:
+        return harness._run_child(__file__, arguments)
+    except RuntimeError as error:
+        lines = [x for x in str(error).splitlines() if "Error" in x or "error" in x]
+        print(f"  {' '.join(arguments)} FAILED: {(lines or ['?'])[-1].strip()[:200]}")
+        return None
+
+
 def compare(pairs: int, extra: list[str]) -> None:
     """Runs the variants round robin in fresh processes and prints the table."""
-    harness._run_child(__file__, ["--variant", VARIANTS[0], *extra])  # warm-up, not counted
+    _child(["--variant", VARIANTS[0], *extra])  # warm-up, not counted
     runs = {v: [] for v in VARIANTS}
     for round_ in range(pairs):
         for variant in VARIANTS:
-            runs[variant].append(harness._run_child(__file__, ["--variant", variant, *extra]))
-        epoch = {v: runs[v][-1]["calls"][0]["epoch"] for v in VARIANTS}
+            runs[variant].append(_child(["--variant", variant, *extra]))
         print(f"round {round_ + 1}/{pairs}: fit 1 epoch " + ", ".join(
-            f"{v} {s * 1e3:.0f} ms" for v, s in epoch.items()), flush=True)
-    print(f"\nmilliseconds, median [min, max] over {pairs} processes; steps per epoch "
-          f"{', '.join(str(runs[v][0]['calls'][0]['steps_per_epoch']) for v in VARIANTS)}")
+            f"{v} {r[-1]['calls'][0]['epoch'] * 1e3:.0f} ms" if r[-1] else f"{v} failed"
+            for v, r in runs.items()), flush=True)
+    ok = {v: [r for r in runs[v] if r] for v in VARIANTS}
+    counted = ", ".join(f"{v} {len(r)}" for v, r in ok.items())
+    steps = ", ".join(str(r[0]["calls"][0]["steps_per_epoch"]) if r else "-" for r in ok.values())
+    print(f"\nmilliseconds, median [min, max] over processes ({counted}); steps per epoch {steps}")
     print(f"{'figure':<40}" + "".join(f"{v:>29}" for v in VARIANTS))
     for label, figure in ROWS:
         print(f"{label:<40}" + "".join(
-            f"  {_cell([figure(r['calls']) for r in runs[v]])}" for v in VARIANTS))
+            f"  {_cell([figure(r['calls']) for r in ok[v]])}" for v in VARIANTS))
     worst = max((c["return"], v, c["call"], i + 1) for v in VARIANTS
-                for i, r in enumerate(runs[v]) for c in r["calls"])
+                for i, r in enumerate(runs[v]) if r for c in r["calls"])
     print(f"\nworst return delay: {worst[0]:.3f} s ({worst[1]}, {worst[2]}, process "
           f"{worst[3]}); target every call <= 0.5 s: {'met' if worst[0] <= 0.5 else 'MISSED'}")
     print(f"\n{'ratio of fit 1 epoch time':<40} {'median':>7} {'min':>7} {'max':>7} rounds")
     for b in ("keras_distribute", "one_device"):
         ratios = [s["calls"][0]["epoch"] / o["calls"][0]["epoch"]
-                  for s, o in zip(runs["strategykit"], runs[b])]
-        print(f"{'strategykit / ' + b:<40} {statistics.median(ratios):7.3f} "
-              f"{min(ratios):7.3f} {max(ratios):7.3f} {len(ratios):6d}")
+                  for s, o in zip(runs["strategykit"], runs[b]) if s and o]
+        if ratios:
+            print(f"{'strategykit / ' + b:<40} {statistics.median(ratios):7.3f} "
+                  f"{min(ratios):7.3f} {max(ratios):7.3f} {len(ratios):6d}")
 
 
 def main() -> None:
@@ -316,8 +311,8 @@ def main() -> None:
     elif args.count_collectives:
         print(f"{'variant':<20} {'collectives per step':>20} {'per replica':>12}  by op type")
         for variant in VARIANTS:
-            counts = harness._run_child(
-                __file__, ["--count-collectives", "--variant", variant])
+            if (counts := _child(["--count-collectives", "--variant", variant])) is None:
+                continue
             total = sum(counts.values())
             print(f"{variant:<20} {total:20d} {total / REPLICAS:12.1f}  "
                   f"{', '.join(f'{k} {n}' for k, n in sorted(counts.items())) or '-'}")
@@ -329,4 +324,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

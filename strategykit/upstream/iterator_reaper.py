@@ -74,8 +74,8 @@ def _reap() -> None:
         _wake.wait(_POLL_SECONDS)
         _wake.clear()
         with _lock:
-            # The list, the loop variable and getrefcount's argument: 3 references.
-            free = [i for i, held in enumerate(_held) if sys.getrefcount(held) <= 3]
+            # Held by the list alone: its reference and getrefcount's argument.
+            free = [i for i in range(len(_held)) if sys.getrefcount(_held[i]) <= 2]
             done = [_held[i] for i in free]
             for i in reversed(free):
                 del _held[i]

@@ -1,0 +1,152 @@
+"""Keras reads `sk.shard` data through one iterator per dataset (`upstream.epoch_input`),
+runs `steps_per_execution` steps under several replicas (`upstream.steps_per_execution`)
+and deletes the iterators it is done with off the user's thread (`iterator_reaper`)."""
+
+import threading
+import time
+
+import keras
+import numpy as np
+import pytest
+from conftest import bn_regressor
+from tensorflow.python.distribute import input_lib
+
+import strategykit as sk
+from strategykit.upstream import epoch_input, iterator_reaper
+
+
+@pytest.fixture
+def iterators_made(monkeypatch):
+    """Every distributed dataset iterator started from now on (Keras's and ours)."""
+    made = []
+    for cls in (input_lib.DistributedDataset, input_lib.DistributedDatasetsFromFunction):
+        def counted(self, original=cls.__iter__):
+            made.append(self)
+            return original(self)
+
+        monkeypatch.setattr(cls, "__iter__", counted)
+    return made
+
+
+def _regression_data(size, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(size, 3)).astype("float32")
+    return x, (x @ np.array([1.0, -2.0, 0.5]) + rng.normal(size=size)).astype("float32")
+
+
+def test_a_fit_with_validation_starts_one_iterator_per_dataset(make_strategy, iterators_made):
+    strategy = make_strategy(4)
+    x, y = _regression_data(100)
+    train = sk.shard((x, y), strategy, global_batch_size=16, shuffle=True, seed=1)
+    val = sk.shard((x[:40], y[:40]), strategy, global_batch_size=16)
+    with strategy.scope():
+        model = bn_regressor()
+    model.fit(train, epochs=3, validation_data=val, verbose=0)
+    assert len(iterators_made) == 2
+    model.evaluate(val, verbose=0)
+    model.fit(train, epochs=1, validation_data=val, verbose=0)  # epoch 0's order again
+    assert len(iterators_made) == 3
+    model.fit(train, epochs=3, initial_epoch=2, validation_data=val, verbose=0)  # after 0
+    assert len(iterators_made) == 4
+
+
+def test_without_the_fix_keras_starts_two_iterators_per_epoch(make_strategy, iterators_made):
+    # When Keras keeps its iterator across epochs this fails: then the fix can go.
+    strategy = make_strategy(4)
+    x, y = _regression_data(64)
+    train = sk.shard((x, y), strategy, global_batch_size=16)
+    with strategy.scope():
+        model = bn_regressor()
+    fix, = epoch_input.FIXES
+    fix.uninstall()
+    try:
+        model.fit(train, epochs=3, verbose=0)
+    finally:
+        fix.install()
+    assert len(iterators_made) == 3 * 2
+
+
+def test_plain_distributed_data_gets_one_iterator_per_epoch(make_strategy, iterators_made):
+    import tensorflow as tf
+
+    strategy = make_strategy(2)
+    x, y = _regression_data(64)
+    with strategy.scope():
+        model = bn_regressor()
+    batches = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
+    model.fit(batches, epochs=3, verbose=0)
+    assert len(iterators_made) == 1 + 3  # one to build the model, then one per epoch
+    assert iterator_reaper.wait_until_idle(timeout=60)
+
+
+def _sync_bn_classifier(seed=0, steps_per_execution=1):
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([
+        keras.Input((3,)), keras.layers.Dense(8), sk.SyncBatchNormalization(),
+        keras.layers.ReLU(), keras.layers.Dense(3)])
+    model.compile(keras.optimizers.SGD(0.2),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"], weighted_metrics=["accuracy"],
+                  steps_per_execution=steps_per_execution)
+    return model
+
+
+@pytest.mark.parametrize("remainder", ["pad", "drop"])
+def test_steps_per_execution_on_four_replicas_equals_one_device(make_strategy, remainder):
+    # 7 steps of 16 (the 7th of 4 real examples when padded): executions of 4 and 3 steps.
+    x, _ = _regression_data(100, seed=2)
+    y = (x[:, 0] > 0).astype("int32") + (x[:, 1] > 0.5)
+    drop = remainder == "drop"
+    single = _sync_bn_classifier()
+    history = single.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0).history
+    if drop:  # one device on the same full batches
+        single = _sync_bn_classifier()
+        history = single.fit(x[:96], y[:96], batch_size=16, epochs=2, shuffle=False,
+                             verbose=0).history
+    strategy = make_strategy(4)
+    with strategy.scope():
+        model = _sync_bn_classifier(steps_per_execution=4)
+    data = sk.shard((x, y), strategy, global_batch_size=16, drop_remainder=drop)
+    logs = model.fit(data, epochs=2, validation_data=data, verbose=0).history
+    for a, b in zip(single.get_weights(), model.get_weights()):
+        np.testing.assert_allclose(a, b, atol=2e-5)
+    for name in ("loss", "accuracy", "weighted_accuracy"):
+        np.testing.assert_allclose(history[name], logs[name], atol=2e-5, err_msg=name)
+    reference = single.evaluate(x[:96] if drop else x, y[:96] if drop else y,
+                                batch_size=16, verbose=0, return_dict=True)
+    evaluated = model.evaluate(data, verbose=0, return_dict=True)
+    for name, value in reference.items():
+        np.testing.assert_allclose(value, evaluated[name], atol=2e-5, err_msg=name)
+        np.testing.assert_allclose(value, logs[f"val_{name}"][-1], atol=2e-5, err_msg=name)
+
+
+def test_steps_per_execution_counts_every_step_in_callbacks(make_strategy):
+    strategy = make_strategy(2)
+    x, y = _regression_data(80)
+    with strategy.scope():
+        model = bn_regressor()
+        model.compile(keras.optimizers.SGD(0.1), "mse", steps_per_execution=2)
+    ends = []
+    callback = keras.callbacks.LambdaCallback(
+        on_train_batch_end=lambda batch, logs: ends.append(batch))
+    model.fit(sk.shard((x, y), strategy, global_batch_size=16), epochs=1, verbose=0,
+              callbacks=[callback])
+    assert ends == [1, 3, 4]  # 5 steps: executions of 2, 2 and 1
+    assert model.optimizer.iterations.numpy() == 5
+
+
+def test_released_iterators_are_deleted_on_the_reapers_thread():
+    deleted_on = []
+
+    class Noted:
+        def __del__(self):
+            deleted_on.append(threading.current_thread().name)
+
+    assert iterator_reaper.wait_until_idle(timeout=60)
+    held = Noted()
+    iterator_reaper.release(held)
+    time.sleep(0.5)
+    assert iterator_reaper.pending() == 1 and not deleted_on  # the caller still holds it
+    del held  # the caller's last reference goes; the reaper's is then the only one
+    assert iterator_reaper.wait_until_idle(timeout=10)
+    assert deleted_on == ["strategykit-iterator-reaper"]
