@@ -24,7 +24,9 @@ to a loss, as zero does, and tells the copies from real examples that the user w
 are unchanged: the correction adds zero and the mask keeps every example. Outside a
 replica context, or without sample weights, both hand over to Keras unchanged; so do they,
 with a warning, for a model compiled with `steps_per_execution` > 1 on several replicas
-(TensorFlow cannot all-reduce inside Keras's loop of several steps).
+where Keras runs its own loop of several steps (with `steps_per_epoch`, or data of an
+unknown number of steps: TensorFlow cannot all-reduce there). Elsewhere strategykit runs
+those steps itself (`steps_per_execution`), and the numbers are exact.
 
 Every replica still updates its own copy of each metric with its own examples, and
 Keras adds the copies up when it reads a metric: exact for every metric whose state is
@@ -89,12 +91,13 @@ def _can_communicate(model) -> bool:
     if model not in _warned_models:
         _warned_models.add(model)
         warnings.warn(
-            f"strategykit: steps_per_execution={steps} under {replicas} replicas: TensorFlow "
-            "cannot all-reduce inside Keras's loop of several steps (under "
-            "MirroredStrategy Keras's fit() fails there), so the loss and metrics Keras "
-            "reports are its own: on the padded final batch of sk.shard they count the "
-            "padded copies and the scaled weights. Compile with steps_per_execution=1 for "
-            "metrics equal to one device's.", stacklevel=2)
+            f"strategykit: steps_per_execution={steps} under {replicas} replicas, with "
+            "steps_per_epoch or data of an unknown number of steps: Keras runs its own loop "
+            "of several steps, where TensorFlow cannot all-reduce (Keras's fit() fails there "
+            "with synchronized batch norm), so the loss and metrics Keras reports are its "
+            "own: on the padded final batch of sk.shard they count the padded copies and "
+            "the scaled weights. Leave out steps_per_epoch (strategykit then runs the steps "
+            "itself, exactly), or compile with steps_per_execution=1.", stacklevel=2)
     return False
 
 

@@ -7,6 +7,7 @@ labels, so summing or averaging the replicas' metrics the wrong way shows.
 """
 
 import re
+import warnings
 
 import keras
 import numpy as np
@@ -85,12 +86,23 @@ def assert_evaluate_equals_one_device(size, replicas, make_strategy, steps_per_e
     assert_logs_equal(model.evaluate(data, verbose=0, return_dict=True), expected, 1e-5)
 
 
-def test_several_steps_per_call_on_several_replicas_warn_and_run_as_keras(make_strategy):
-    # TensorFlow cannot all-reduce inside Keras's loop of steps: the numbers are Keras's
-    # own (exact without a padded batch), and the user is told.
-    with pytest.warns(UserWarning, match=r"steps_per_execution=3 under 4 replicas: "
-                      r"TensorFlow cannot all-reduce .* Compile with steps_per_execution=1"):
-        assert_evaluate_equals_one_device(224, 4, make_strategy, steps_per_execution=3)
+def test_several_steps_per_call_on_several_replicas_are_exact(make_strategy):
+    # strategykit runs the steps of each call itself (upstream.steps_per_execution), so
+    # the all-reduce of the padded final batch works: no warning, one device's numbers.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        assert_evaluate_equals_one_device(203, 4, make_strategy, steps_per_execution=3)
+
+
+def test_keras_own_loop_of_several_steps_warns_and_runs_as_keras(make_strategy):
+    # With `steps`, Keras runs its own loop, where TensorFlow cannot all-reduce: the
+    # numbers are Keras's own (exact without a padded batch), and the user is told.
+    expected, model, data = evaluated_on_one_device(224, 4, make_strategy,
+                                                    steps_per_execution=3)
+    with pytest.warns(UserWarning, match=r"steps_per_execution=3 under 4 replicas, with "
+                      r"steps_per_epoch .* Leave out steps_per_epoch"):
+        got = model.evaluate(data, steps=224 // GLOBAL_BATCH, verbose=0, return_dict=True)
+    assert_logs_equal(got, expected, 1e-5)
 
 
 def test_keras_counts_the_padded_copies_without_the_fix(make_strategy):

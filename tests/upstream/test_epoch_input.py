@@ -8,11 +8,12 @@ import time
 import keras
 import numpy as np
 import pytest
-from conftest import bn_regressor
 from tensorflow.python.distribute import input_lib
 
 import strategykit as sk
 from strategykit.upstream import epoch_input, iterator_reaper
+
+from conftest import bn_regressor
 
 
 @pytest.fixture
