@@ -14,6 +14,7 @@ from strategykit.batchnorm.convert import convert_sync_batchnorm
 from strategykit.batchnorm.layer import SyncBatchNormalization
 from strategykit.cluster.roles import is_chief
 from strategykit.data.sharding import per_replica_batch_size, replica_batches, shard
+from strategykit.data.stream import epochs
 from strategykit.data.tfds_input import shard_tfds
 from strategykit.equivalence.check import CheckReport, check
 from strategykit.strategy.build import from_env, mirrored
@@ -31,6 +32,7 @@ __all__ = [
     "combine_across_replicas",
     "convert_sync_batchnorm",
     "describe",
+    "epochs",
     "from_env",
     "is_chief",
     "mirrored",

@@ -126,3 +126,44 @@ def attach_stream(distributed, stream: EpochStream) -> None:
 def stream_of(distributed) -> EpochStream | None:
     """The stream of an `sk.shard` dataset, or None."""
     return epoch_input.source_of(distributed)
+
+
+def epochs(dataset, epochs: int, *, initial_epoch: int = 0):
+    """Each epoch's batches of an `sk.shard` dataset, all from one iterator.
+
+    `for batch in dataset` starts a new iterator each time: under several replicas that
+    costs more than a small model's epoch, every epoch. In a custom training loop, read
+    the epochs through `epochs` instead: epoch `e` gets exactly the batches (order,
+    shuffle, padding) that `for batch in dataset` gives it in epoch `e` of `fit()`.
+    An epoch left before its last batch is no loss: the next one starts a new iterator.
+
+    Args:
+        dataset: a dataset made by `sk.shard` or `sk.shard_tfds` (of a known size, one
+            worker); other datasets get a new iterator per epoch, as `for` does.
+        epochs: the epoch to stop before, as in `fit()`.
+        initial_epoch: the first epoch. Default 0.
+
+    Yields:
+        `(epoch, batches)`: `batches` is an iterator of the epoch's batches (its
+        `iterator` and `count` attributes serve a loop inside a `tf.function`).
+
+    Example:
+        >>> import numpy as np, strategykit as sk
+        >>> strategy = sk.mirrored(replicas=2)  # doctest: +SKIP
+        >>> ds = sk.shard(np.arange(8.0), strategy, global_batch_size=4)  # doctest: +SKIP
+        >>> for epoch, batches in sk.epochs(ds, epochs=2):  # doctest: +SKIP
+        ...     for batch in batches:
+        ...         strategy.run(lambda x: x * 2, args=(batch,))
+    """
+    from strategykit.upstream.steps_per_execution import Steps
+
+    stream = stream_of(dataset)
+    for epoch in range(initial_epoch, epochs):
+        position.set_epoch(epoch)
+        if stream is None:
+            yield epoch, iter(dataset)
+            continue
+        iterator, steps, token = stream.open_epoch()
+        batches = Steps(iterator, steps)
+        yield epoch, batches
+        stream.close_epoch(token, completed=batches.left == 0)

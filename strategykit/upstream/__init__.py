@@ -24,6 +24,13 @@ Fixes, one module each:
   (`ModelCheckpoint`, `CSVLogger`, `TensorBoard`) write only on the chief.
 * `exact_metrics`, tensorflow/tensorflow#39268: Keras's metrics and its `loss` over
   the real examples of `sk.shard`'s padded final batch, with the user's weights.
+* `epoch_input`, tensorflow/tensorflow#67677: Keras reads `sk.shard` data through one
+  iterator for many epochs (and other distributed data through one iterator an epoch,
+  not two), never past an epoch's end.
+* `steps_per_execution`, keras-team/keras#19246: `steps_per_execution` > 1 under several
+  replicas, with all-reduces in the steps (synchronized batch norm, exact metrics).
+* `iterator_reaper`: deletes the iterators that are done with on a thread of its own
+  (TensorFlow's deletion can block for a minute); not a `Fix`.
 * `metric_state`: `sk.combine_across_replicas`, how a metric's state that is not a sum
   combines across replicas (Keras only sums or averages it); not a `Fix`, used by
   `exact_metrics`.
@@ -39,8 +46,9 @@ Example:
     >>> with strategy.scope():  # doctest: +SKIP
     ...     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
     ...     model.compile(keras.optimizers.Adam(gradient_accumulation_steps=4), "mse")
-    >>> sorted({fix.issue for fix in sk.upstream.FIXES})
-    ['keras-team/keras#20582', 'keras-team/keras#20585', 'tensorflow/tensorflow#39268']
+    >>> sorted({fix.issue for fix in sk.upstream.FIXES})  # doctest: +NORMALIZE_WHITESPACE
+    ['keras-team/keras#19246', 'keras-team/keras#20582', 'keras-team/keras#20585',
+     'tensorflow/tensorflow#39268', 'tensorflow/tensorflow#67677']
 """
 
 from strategykit.upstream import (

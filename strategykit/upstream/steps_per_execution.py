@@ -60,6 +60,11 @@ class Steps:
         self._left -= 1
         return next(self.iterator)
 
+    @property
+    def left(self) -> int:
+        """The batches not read yet."""
+        return self._left
+
     def take_all(self):
         """The iterator and the steps left, marking them all read (by a traced loop)."""
         left, self._left = self._left, 0

@@ -102,3 +102,13 @@ def test_data_of_unknown_size_and_several_workers_have_no_stream(make_strategy):
     unknown = tf.data.Dataset.range(10).filter(lambda i: i < 8)
     assert stream_of(sk.shard(unknown, strategy, global_batch_size=4)) is None
     assert stream_of(sk.shard((IDS, IDS), strategy, global_batch_size=4)) is not None
+
+
+def test_a_custom_loop_reads_every_epoch_from_one_iterator(make_strategy):
+    strategy = make_strategy(2)
+    ds = sk.shard((IDS, IDS), strategy, global_batch_size=4, shuffle=True, seed=2)
+    expected = [sk.replica_batches(ds, strategy, epoch=epoch, padding=True)
+                for epoch in range(1, 3)]
+    got = [[_replica_values(batch, strategy) for batch in batches]
+           for _, batches in sk.epochs(ds, epochs=3, initial_epoch=1)]
+    assert got == expected and stream_of(ds).iterators_made == 1
