@@ -56,15 +56,16 @@ def test_without_the_fix_keras_starts_two_iterators_per_epoch(make_strategy, ite
     strategy = make_strategy(4)
     x, y = _regression_data(64)
     train = sk.shard((x, y), strategy, global_batch_size=16)
+    val = sk.shard((x[:40], y[:40]), strategy, global_batch_size=16)
     with strategy.scope():
         model = bn_regressor()
     fix, = epoch_input.FIXES
     fix.uninstall()
     try:
-        model.fit(train, epochs=3, verbose=0)
+        model.fit(train, epochs=3, validation_data=val, verbose=0)
     finally:
         fix.install()
-    assert len(iterators_made) == 3 * 2
+    assert len(iterators_made) == 3 * 2 * 2  # at each epoch's start and end, both datasets
 
 
 def test_plain_distributed_data_gets_one_iterator_per_epoch(make_strategy, iterators_made):
