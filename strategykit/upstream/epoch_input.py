@@ -17,11 +17,11 @@ step, iterator)`:
   steps, read for exactly those steps and closed with `close_epoch(completed)`. The
   model is built from `source.example_batch()` (`multi_worker`'s
   `_maybe_symbolic_build` asks `example_batch_of`), so building reads no example.
-* **Other data under several replicas, of a known number of steps, without
-  `steps_per_epoch`**: one iterator per epoch, not two, and released on the reaper's
-  thread when the epoch ends.
-* Everything else (one replica, `steps_per_epoch`, an unknown number of steps) goes to
-  Keras's own code.
+* **Other data under several replicas of one worker, of a known number of steps,
+  without `steps_per_epoch`**: one iterator per epoch, not two, and released on the
+  reaper's thread when the epoch ends.
+* Everything else (one replica, several workers, `steps_per_epoch`, an unknown number
+  of steps) goes to Keras's own code.
 
 Each execution is `steps_per_execution.execution(...)`: of at most `steps_per_execution`
 steps and never past the epoch's end, and the last step Keras reports is the last run.
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import weakref
 
+from strategykit.cluster.roles import is_multi_worker
 from strategykit.upstream import iterator_reaper, steps_per_execution
 from strategykit.upstream.fix import CHECKED_ON, Fix, original, resolve
 
@@ -70,7 +71,9 @@ def _enumerate_iterator(self):
         source = source_of(self._distributed_dataset)
         if source is not None:
             return _epoch_of_source(self, source)
-        if self._num_batches and self._distribute_strategy.num_replicas_in_sync > 1:
+        strategy = self._distribute_strategy
+        if (self._num_batches and strategy.num_replicas_in_sync > 1
+                and not is_multi_worker(strategy)):
             return _epoch_of_new_iterator(self)
     return original(resolve(_EPOCH_ITERATOR), "_enumerate_iterator")(self)
 
