@@ -26,6 +26,7 @@ import tensorflow as tf
 
 from strategykit.data import position
 from strategykit.upstream import epoch_input, iterator_reaper
+from strategykit.upstream.steps_per_execution import Steps
 
 
 class EpochStream:
@@ -155,8 +156,6 @@ def epochs(dataset, epochs: int, *, initial_epoch: int = 0):
         ...     for batch in batches:
         ...         strategy.run(lambda x: x * 2, args=(batch,))
     """
-    from strategykit.upstream.steps_per_execution import Steps
-
     stream = stream_of(dataset)
     for epoch in range(initial_epoch, epochs):
         position.set_epoch(epoch)
@@ -165,5 +164,7 @@ def epochs(dataset, epochs: int, *, initial_epoch: int = 0):
             continue
         iterator, steps, token = stream.open_epoch()
         batches = Steps(iterator, steps)
-        yield epoch, batches
-        stream.close_epoch(token, completed=batches.left == 0)
+        try:
+            yield epoch, batches
+        finally:  # also when the loop over the epochs is left early
+            stream.close_epoch(token, completed=batches.left == 0)

@@ -17,12 +17,16 @@ def _replica_values(element, strategy):
     return [np.asarray(v).tolist() for v in strategy.experimental_local_results(first)]
 
 
-def _read_epoch(stream, strategy, epoch):
-    position.set_epoch(epoch)
-    iterator, steps, token = stream.open_epoch()
-    batches = [_replica_values(next(iterator), strategy) for _ in range(steps)]
-    stream.close_epoch(token, completed=True)
-    return batches
+def _read_epoch(ds, strategy, epoch):
+    for _, batches in sk.epochs(ds, epoch + 1, initial_epoch=epoch):
+        return [_replica_values(batch, strategy) for batch in batches]
+
+
+def _shard_with_passes(strategy, epochs, **options):
+    """`sk.shard` of IDS, and each epoch's own pass (`for batch in ds`), padding shown."""
+    ds = sk.shard((IDS, IDS), strategy, global_batch_size=4, **options)
+    return ds, [sk.replica_batches(ds, strategy, epoch=epoch, padding=True)
+                for epoch in range(epochs)]
 
 
 @pytest.mark.parametrize("options", [
@@ -33,53 +37,43 @@ def _read_epoch(stream, strategy, epoch):
 ])
 def test_each_epoch_of_the_stream_is_that_epochs_own_pass(make_strategy, options):
     strategy = make_strategy(2)
-    ds = sk.shard((IDS, IDS), strategy, global_batch_size=4, **options)
-    expected = [sk.replica_batches(ds, strategy, epoch=epoch, padding=True)
-                for epoch in range(3)]
-    stream = stream_of(ds)
-    assert [_read_epoch(stream, strategy, epoch) for epoch in range(3)] == expected
-    assert stream.iterators_made == 1
+    ds, expected = _shard_with_passes(strategy, 3, **options)
+    assert [_read_epoch(ds, strategy, epoch) for epoch in range(3)] == expected
+    assert stream_of(ds).iterators_made == 1
     if options.get("shuffle"):
         assert expected[0] != expected[1]  # the epochs differ, so the test can tell
 
 
 def test_a_resumed_epoch_starts_after_its_steps_and_the_next_continues(make_strategy):
     strategy = make_strategy(2)
-    ds = sk.shard((IDS, IDS), strategy, global_batch_size=4, shuffle=True, seed=1)
-    expected = [sk.replica_batches(ds, strategy, epoch=epoch, padding=True)
-                for epoch in range(3)]
-    stream = stream_of(ds)
+    ds, expected = _shard_with_passes(strategy, 3, shuffle=True, seed=1)
     position.skip_steps(1)
-    assert _read_epoch(stream, strategy, 1) == expected[1][1:]
-    assert _read_epoch(stream, strategy, 2) == expected[2]
-    assert stream.iterators_made == 1
+    assert _read_epoch(ds, strategy, 1) == expected[1][1:]
+    assert _read_epoch(ds, strategy, 2) == expected[2]
+    assert stream_of(ds).iterators_made == 1
 
 
 def test_another_epoch_or_a_broken_off_one_starts_a_new_iterator(make_strategy):
     strategy = make_strategy(2)
-    ds = sk.shard((IDS, IDS), strategy, global_batch_size=4, shuffle=True, seed=1)
-    expected = [sk.replica_batches(ds, strategy, epoch=epoch, padding=True)
-                for epoch in range(2)]
+    ds, expected = _shard_with_passes(strategy, 2, shuffle=True, seed=1)
     stream = stream_of(ds)
-    assert _read_epoch(stream, strategy, 0) == expected[0]
-    assert _read_epoch(stream, strategy, 0) == expected[0]  # a new fit() from epoch 0
+    assert _read_epoch(ds, strategy, 0) == expected[0]
+    assert _read_epoch(ds, strategy, 0) == expected[0]  # a new fit() from epoch 0
     assert stream.iterators_made == 2
     position.set_epoch(1)
     iterator, _, token = stream.open_epoch()
     next(iterator)
     stream.close_epoch(token, completed=False)  # stopped after one step
-    assert _read_epoch(stream, strategy, 1) == expected[1]
+    assert _read_epoch(ds, strategy, 1) == expected[1]
     assert stream.iterators_made == 3
 
 
 def test_unordered_data_continues_across_fits_from_epoch_zero(make_strategy):
     strategy = make_strategy(2)
-    ds = sk.shard((IDS, IDS), strategy, global_batch_size=4)
-    stream = stream_of(ds)
+    ds, (expected,) = _shard_with_passes(strategy, 1)
     for epoch in (0, 1, 0):
-        assert _read_epoch(stream, strategy, epoch) == sk.replica_batches(ds, strategy,
-                                                                      padding=True)
-    assert stream.iterators_made == 1
+        assert _read_epoch(ds, strategy, epoch) == expected
+    assert stream_of(ds).iterators_made == 1
 
 
 def test_an_epoch_opened_since_is_not_closed_by_a_stale_token(make_strategy):
@@ -106,9 +100,7 @@ def test_data_of_unknown_size_and_several_workers_have_no_stream(make_strategy):
 
 def test_a_custom_loop_reads_every_epoch_from_one_iterator(make_strategy):
     strategy = make_strategy(2)
-    ds = sk.shard((IDS, IDS), strategy, global_batch_size=4, shuffle=True, seed=2)
-    expected = [sk.replica_batches(ds, strategy, epoch=epoch, padding=True)
-                for epoch in range(1, 3)]
+    ds, expected = _shard_with_passes(strategy, 3, shuffle=True, seed=2)
     got = [[_replica_values(batch, strategy) for batch in batches]
            for _, batches in sk.epochs(ds, epochs=3, initial_epoch=1)]
-    assert got == expected and stream_of(ds).iterators_made == 1
+    assert got == expected[1:] and stream_of(ds).iterators_made == 1
