@@ -29,8 +29,8 @@ def make_pipeline(examples, size=None, context=None, *, global_batch_size, remai
     epoch skips the steps done before the interruption. tf.data then no longer knows the number of
     batches; when it is known it is appended to the list `steps`, for the caller to
     state to Keras; the spec of a step's element is appended to the list `specs`. With
-    `continuous`, one pass of the result is every epoch's pass from
-    the current one on (`position.positioned`).
+    `continuous`, one pass of the result is every epoch's pass from the current one on
+    (`position.positioned`).
     """
     options = tf.data.Options()
     policy = tf.data.experimental.AutoShardPolicy

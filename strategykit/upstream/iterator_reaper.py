@@ -18,6 +18,7 @@ from __future__ import annotations
 import gc
 import sys
 import threading
+import time
 
 _POLL_SECONDS = 0.2
 _held: list = []
@@ -58,8 +59,6 @@ def pending() -> int:
 
 def wait_until_idle(timeout: float) -> bool:
     """Waits until every released iterator is deleted; True if so within `timeout` s."""
-    import time
-
     deadline = time.monotonic() + timeout
     while pending():
         if time.monotonic() > deadline:
