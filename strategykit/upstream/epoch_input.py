@@ -14,8 +14,8 @@ step, iterator)`:
 * **`sk.shard` data** (registered here with `register` by `strategykit.data.stream`,
   and read without `steps_per_epoch`): each epoch is the `source`'s `open_epoch()`, the
   iterator of one long-lived pipeline at the start of the epoch's pass with the pass's
-  steps, read for exactly those steps and closed with `close_epoch(completed)`. The
-  model is built from `source.example_batch()` (`multi_worker`'s
+  steps, read for exactly those steps and closed with `close_epoch(token, completed)`.
+  The model is built from `source.example_batch()` (`multi_worker`'s
   `_maybe_symbolic_build` asks `example_batch_of`), so building reads no example.
 * **Other data under several replicas of one worker, of a known number of steps,
   without `steps_per_epoch`**: one iterator per epoch, not two, and released on the
