@@ -11,10 +11,17 @@ at some later line.
 it holds the last reference (Keras's loop may still name the iterator until its next
 epoch), then drops it and collects the garbage of its reference cycles there, so the
 wait falls on that thread alone. Nothing changes in what the iterator gave.
+
+At exit the thread is stopped after the deletion in progress (`atexit`): a daemon thread
+that comes back from TensorFlow once Python has begun to finalize is ended by the
+interpreter from inside TensorFlow's C++ code, which aborts the process ("FATAL:
+exception not rethrown", exit code 134). Iterators still held are then deleted with
+the rest of the process, as they were before.
 """
 
 from __future__ import annotations
 
+import atexit
 import gc
 import sys
 import threading
@@ -26,6 +33,7 @@ _lock = threading.Lock()
 _wake = threading.Event()
 _thread = None
 _deleting = 0  # iterators taken off the list and being deleted
+_stopping = threading.Event()  # set at exit
 
 
 def release(iterator) -> None:
@@ -44,7 +52,7 @@ def release(iterator) -> None:
     global _thread
     with _lock:
         _held.append(iterator)
-        if _thread is None or not _thread.is_alive():
+        if (_thread is None or not _thread.is_alive()) and not _stopping.is_set():
             _thread = threading.Thread(target=_reap, name="strategykit-iterator-reaper",
                                        daemon=True)
             _thread.start()
@@ -72,6 +80,8 @@ def _reap() -> None:
     while True:
         _wake.wait(_POLL_SECONDS)
         _wake.clear()
+        if _stopping.is_set():
+            return
         with _lock:
             # Held by the list alone: its reference and getrefcount's argument.
             free = [i for i in range(len(_held)) if sys.getrefcount(_held[i]) <= 2]
@@ -84,3 +94,12 @@ def _reap() -> None:
             gc.collect()
             with _lock:
                 _deleting = 0
+
+
+@atexit.register
+def _stop() -> None:
+    """Stops the thread after the deletion in progress (see the module docstring)."""
+    _stopping.set()
+    _wake.set()
+    if _thread is not None:
+        _thread.join()

@@ -152,3 +152,23 @@ def test_released_iterators_are_deleted_on_the_reapers_thread():
     del held  # the caller's last reference goes; the reaper's is then the only one
     assert iterator_reaper.wait_until_idle(timeout=10)
     assert deleted_on == ["strategykit-iterator-reaper"]
+
+
+def test_a_deletion_in_progress_ends_before_the_interpreter_exits(run_python, tmp_path):
+    # A daemon thread coming back from TensorFlow after Python began to finalize is ended
+    # inside TensorFlow's C++ code, which aborts the process (exit code 134): the reaper
+    # finishes its deletion at exit first. Without that, this deletion is cut short.
+    done = tmp_path / "deleted"
+    run_python(f"""
+        import time
+        from strategykit.upstream import iterator_reaper
+
+        class SlowToDelete:
+            def __del__(self):
+                time.sleep(1.0)
+                open({str(done)!r}, "w").close()
+
+        iterator_reaper.release(SlowToDelete())
+        time.sleep(0.5)  # the reaper has started deleting it
+    """)
+    assert done.exists()
