@@ -163,7 +163,7 @@ def _launch(args) -> int:
     command = args.worker_command
     return launch(command[1:] if command[:1] == ["--"] else command, workers=args.workers,
                   restarts=args.restarts, port=args.port, gpus_per_worker=args.gpus_per_worker,
-                  hang_timeout=args.hang_timeout)
+                  hang_timeout=args.hang_timeout, verbose=args.verbose)
 
 
 def _add_replicas(parser: argparse.ArgumentParser, help_text: str) -> None:

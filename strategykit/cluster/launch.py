@@ -20,7 +20,9 @@ from collections.abc import Sequence
 
 from strategykit.cluster import hang_watch, progress_file
 from strategykit.cluster.exit_codes import PREEMPTED
+from strategykit.cluster.fault import blame
 from strategykit.cluster.orphan_guard import guarded
+from strategykit.cluster.process_state import process_state
 from strategykit.cluster.worker_env import count, find_gpus, free_ports, gpu_assignment, worker_env
 from strategykit.cluster.worker_output import LineForwarder, Terminal, forward
 
@@ -33,12 +35,13 @@ worker) before their process groups get SIGKILL."""
 
 _POLL_SECONDS = 0.05
 _OUTPUT_SECONDS = 5.0  # how long the last output of a job may take to arrive
+_HELD_SECONDS = 5.0  # a traceback of a worker that goes on is shown this much later
 _MAX_PORT = 65535
 
 
 def launch(command: Sequence[str], workers: int, restarts: int = 0, port: int | None = None,
            gpus_per_worker: int | None = None,
-           hang_timeout: float = hang_watch.DEFAULT_TIMEOUT) -> int:
+           hang_timeout: float = hang_watch.DEFAULT_TIMEOUT, verbose: bool = False) -> int:
     """Runs `command` as `workers` worker processes of one job on this machine.
 
     Worker k (worker 0 is the chief) runs in its own process group with the launcher's
@@ -122,7 +125,8 @@ def launch(command: Sequence[str], workers: int, restarts: int = 0, port: int | 
             if attempt:
                 terminal.note(f"restarting the job (restart {attempt} of {restarts}).")
             ports = free_ports(workers) if port is None else list(range(port, port + workers))
-            code = _run_job(command, attempt, ports, devices, terminal, stop, hang_timeout)
+            code = _run_job(command, attempt, ports, devices, terminal, stop, hang_timeout,
+                            verbose)
             if code == 0 or stop.signal is not None:
                 break
     return code
@@ -152,13 +156,16 @@ def _check_arguments(command: list[str], workers: int, restarts: int, port: int 
 
 
 def _run_job(command: list[str], attempt: int, ports: list[int], devices: list[str | None],
-             terminal: Terminal, stop: _StopSignals, hang_timeout: float) -> int:
+             terminal: Terminal, stop: _StopSignals, hang_timeout: float,
+             verbose: bool) -> int:
     """Runs one attempt of the job; returns its exit code (see `launch`)."""
     terminal.note(f"starting {count(len(ports), 'worker')} on localhost, "
                   f"port{'s' * (len(ports) > 1)} {', '.join(map(str, ports))}.")
     processes: list[subprocess.Popen] = []
     readers = []
+    stderrs: list[LineForwarder] = []
     failed = hung = None
+    states: list[str | None] = []
     reports = tempfile.mkdtemp(prefix="strategykit-progress-")
     paths = [os.path.join(reports, f"worker-{k}.json") for k in range(len(devices))]
     watch = hang_watch.HangWatch(paths, hang_timeout)
@@ -169,11 +176,14 @@ def _run_job(command: list[str], attempt: int, ports: list[int], devices: list[s
             processes.append(process)
             for stream in ("stdout", "stderr"):
                 pipe = getattr(process, stream)
-                readers.append(forward(os.dup(pipe.fileno()), LineForwarder(terminal, k, stream)))
+                forwarder = LineForwarder(terminal, k, stream, hold_tracebacks=not verbose)
+                readers.append(forward(os.dup(pipe.fileno()), forwarder))
                 pipe.close()
+            stderrs.append(forwarder)
         preempted_by = None  # the deadline of the workers' backup after a SIGTERM
         while stop.signal is None:
             codes = [process.poll() for process in processes]
+            states = _states(processes, codes)
             failed = _first_failed(codes)
             if PREEMPTED in codes and preempted_by is None:
                 preempted_by = time.monotonic() + PREEMPTION_GRACE_SECONDS
@@ -182,13 +192,15 @@ def _run_job(command: list[str], attempt: int, ports: list[int], devices: list[s
                     break
             elif failed is not None or all(code == 0 for code in codes):
                 break
-            hung = watch.check(time.time())
+            hung = watch.check(time.time(), states)
             if hung is not None:  # a stopped process ignores SIGTERM: no grace
                 signal_groups(processes, signal.SIGKILL)
                 break
+            _show_tracebacks_of_running_workers(stderrs, codes)
             time.sleep(_POLL_SECONDS)
     finally:
         stopped = _stop(processes, PREEMPTION_GRACE_SECONDS if stop.signal else GRACE_SECONDS)
+        last_reports = watch.reports()
         shutil.rmtree(reports, ignore_errors=True)
         deadline = time.monotonic() + _OUTPUT_SECONDS
         for reader in readers:
@@ -196,24 +208,70 @@ def _run_job(command: list[str], attempt: int, ports: list[int], devices: list[s
     others = f"; stopped the other {count(len(stopped), 'worker')}" if stopped else ""
     if hung is not None:
         terminal.note(f"{hung}; stopped the job.")
+        _set_aside_tracebacks(stderrs, None, attempt, terminal)
         return hang_watch.EXIT_CODE
     if stop.signal is not None:
+        _show_tracebacks(stderrs)
         terminal.note(f"received {signal.Signals(stop.signal).name}; stopped "
                       f"{count(len(stopped), 'worker')}.")
         return 128 + stop.signal
     if failed is None:
+        _show_tracebacks(stderrs)
         return 0
     code = processes[failed].returncode
     if code == PREEMPTED:
+        _show_tracebacks(stderrs)
         terminal.note(f"after a SIGTERM every worker backed up the same step and stopped "
                       f"(exit {PREEMPTED}){others}.")
         return code
-    if code > 0:
-        terminal.note(f"worker {failed} exited with code {code}{others}.")
-        return code
-    terminal.note(f"worker {failed} was killed by signal {_signal_name(-code)} ({-code})"
-                  f"{others}.")
-    return 128 - code
+    unhealthy = {k: forwarder.unhealthy_workers for k, forwarder in enumerate(stderrs)}
+    fault = blame(failed, codes, states, last_reports, unhealthy)
+    terminal.note(f"{fault.message}{others}.")
+    _set_aside_tracebacks(stderrs, fault.worker, attempt, terminal)
+    return fault.code
+
+
+def _states(processes: list[subprocess.Popen], codes: list[int | None]) -> list[str | None]:
+    """Each worker's process state (`process_state`); `hang_watch.EXITED` once it ended."""
+    return [hang_watch.EXITED if code is not None else process_state(process.pid)
+            for process, code in zip(processes, codes)]
+
+
+def _show_tracebacks_of_running_workers(stderrs: list[LineForwarder],
+                                        codes: list[int | None]) -> None:
+    """A worker still running `_HELD_SECONDS` after a traceback printed it and went on."""
+    now = time.monotonic()
+    for forwarder, code in zip(stderrs, codes):
+        if code is None and forwarder.held_since is not None \
+                and now - forwarder.held_since > _HELD_SECONDS:
+            forwarder.release()
+
+
+def _show_tracebacks(stderrs: list[LineForwarder]) -> None:
+    for forwarder in stderrs:
+        forwarder.release()
+
+
+def _set_aside_tracebacks(stderrs: list[LineForwarder], at_fault: int | None, attempt: int,
+                          terminal: Terminal) -> None:
+    """Shows the traceback of the worker at fault; those of the others, which only echo
+    it (their collectives lost that worker), go to a log file that the launcher names."""
+    if at_fault is not None:
+        stderrs[at_fault].release()
+    log_path = os.path.join(tempfile.gettempdir(),
+                            f"strategykit-launch-{os.getpid()}-attempt-{attempt}.log")
+    echoed = []
+    with open(log_path, "w") as log:
+        for k, forwarder in enumerate(stderrs):
+            log.write(f"--- worker {k} ---\n")
+            if k != at_fault and forwarder.divert(log):
+                echoed.append(k)
+    if not echoed:
+        os.remove(log_path)
+        return
+    workers = " and ".join(f"worker {k}" for k in echoed)
+    terminal.note(f"the error output of {workers}, which follows from that, is in "
+                  f"{log_path}; --verbose shows it here.")
 
 
 def _first_failed(codes: list[int | None]) -> int | None:
@@ -287,13 +345,6 @@ def _group_alive(process: subprocess.Popen) -> bool:
     except PermissionError:  # running, but not ours to signal
         pass
     return True
-
-
-def _signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return "unknown"
 
 
 class _StopSignals:

@@ -4,8 +4,11 @@ The launcher names each worker's file in the environment variable `VARIABLE`. Th
 holds the worker's last completed training step (`epoch` and `step`, both counted from
 1 as Keras's progress bar shows them), when it made progress last (`progress`: a step
 or an evaluation batch) and when it last showed it is alive (`heartbeat`, written every
-`HEARTBEAT_SECONDS` by a thread of its own). A stopped or frozen process stops both; a
-worker that waits (a stuck input pipeline, a peer that hangs) only the first. Steps
+`HEARTBEAT_SECONDS` by a thread of its own), and how many `fit()`, `evaluate()` or
+`predict()` calls it is in (`calls`; 0 before, between and after them, when the worker
+makes no training progress by design: it saves a model, writes a report, exits). A
+stopped or frozen process stops both times; a worker that waits (a stuck input
+pipeline, a peer that hangs) only the first. Steps
 only update memory; the heartbeat thread writes, whole (a temporary file, renamed), so
 the launcher reads a complete file at any time and training pays no file write a step.
 This module uses the standard library only: the launcher imports it too.
@@ -42,7 +45,7 @@ class ProgressFile:
 
     def __init__(self, path: str):
         self.path = path
-        self._state = {"epoch": None, "step": None, "progress": None}
+        self._state = {"epoch": None, "step": None, "progress": None, "calls": 0}
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
@@ -53,6 +56,18 @@ class ProgressFile:
             state.update(epoch=epoch, step=step)
         with self._lock:
             self._state.update(state)
+
+    def enter_call(self) -> None:
+        """Notes that a `fit()`, `evaluate()` or `predict()` call begins (they may nest)."""
+        with self._lock:
+            self._state["calls"] += 1
+            self._state["progress"] = time.time()
+
+    def leave_call(self) -> None:
+        """Notes that the call begun last ended."""
+        with self._lock:
+            self._state["calls"] = max(0, self._state["calls"] - 1)
+            self._state["progress"] = time.time()
 
     def write(self) -> None:
         """Writes the file now, whole, with a fresh heartbeat."""

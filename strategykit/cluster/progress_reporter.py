@@ -20,7 +20,8 @@ _makers: dict = {}  # progress file -> ProgressReporter maker
 
 
 class ProgressReporter(keras.callbacks.Callback):
-    """Records every completed step (and evaluation or prediction batch) in `progress`.
+    """Records every completed step (and evaluation or prediction batch) in `progress`,
+    and when each `fit()`, `evaluate()` and `predict()` begins and ends.
 
     Args:
         progress: the worker's `ProgressFile`.
@@ -32,6 +33,15 @@ class ProgressReporter(keras.callbacks.Callback):
         super().__init__()
         self.progress = progress
         self._epoch = 0
+
+    def _enter_call(self, logs=None):
+        self.progress.enter_call()
+
+    def _leave_call(self, logs=None):
+        self.progress.leave_call()
+
+    on_train_begin = on_test_begin = on_predict_begin = _enter_call
+    on_train_end = on_test_end = on_predict_end = _leave_call
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch

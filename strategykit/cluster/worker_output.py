@@ -9,6 +9,14 @@ other worker is dropped, since every worker draws the same bar. Nothing else is 
 A worker's line that ends with `\\r` and is no Keras bar (a tqdm bar, say) is shown as a
 line of its own when the worker is not the chief.
 
+A Python traceback on a worker's stderr may be held back (`hold_tracebacks`): from its
+`Traceback (most recent call last):` line on (or from a task TensorFlow names unhealthy,
+which its error lists on a line of its own), the worker's stderr lines wait until the
+launcher knows whether that worker is the one at fault. When a peer is, the traceback
+only echoes it (an all-reduce that lost the peer) and goes to a log file instead
+(`divert`); otherwise it is shown as it was written (`release`). Every line is also
+scanned for the tasks TensorFlow names unhealthy (`unhealthy_workers`).
+
 Example:
     >>> import io
     >>> out = io.StringIO()
@@ -26,7 +34,14 @@ import codecs
 import os
 import re
 import threading
+import time
 from typing import TextIO
+
+TRACEBACK = "Traceback (most recent call last):"
+"""The first line of a Python traceback: a worker's stderr is held from there on."""
+_UNHEALTHY = re.compile(r"unhealthy \(stopped sending heartbeats\):?((?:\s*/job:worker/"
+                        r"replica:\d+/task:\d+,?)+)")
+_TASK = re.compile(r"/job:worker/replica:\d+/task:(\d+)")
 
 PROGRESS_BAR = "\u2501"
 """The character Keras's progress bar is drawn with: a line holding it is a bar."""
@@ -96,10 +111,21 @@ class LineForwarder:
         terminal: the launcher's `Terminal`.
         worker: the worker's index; worker 0 is the chief.
         stream: `"stdout"` or `"stderr"`.
+        hold_tracebacks: hold back a Python traceback on stderr until `release` or
+            `divert` is called.
     """
 
-    def __init__(self, terminal: Terminal, worker: int, stream: str):
+    def __init__(self, terminal: Terminal, worker: int, stream: str,
+                 hold_tracebacks: bool = False):
         self._terminal, self._worker, self._stream = terminal, worker, stream
+        self._hold = hold_tracebacks and stream == "stderr"
+        self._held: list[str] = []
+        self.held_since: float | None = None
+        """When the traceback held now began (`time.monotonic()`); None when none is."""
+        self.unhealthy_workers: list[int] = []
+        """The workers this worker's TensorFlow named unhealthy, in the order named."""
+        self._recent = ""  # the last lines, for a message of TensorFlow's split over lines
+        self._lock = threading.Lock()
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._pending = ""  # the current line so far
         self._after_return = False  # the current line follows a `\r`: it is an update
@@ -143,7 +169,38 @@ class LineForwarder:
         self._drawn = text
 
     def _emit(self, text: str, *, redraw: bool, ended: bool) -> None:
+        self._note_unhealthy(text)
+        with self._lock:
+            if self._hold and (self._held or text.startswith(TRACEBACK)
+                               or _TASK.fullmatch(text.strip())):
+                if not self._held:
+                    self.held_since = time.monotonic()
+                self._held.append(text)
+                return
         self._terminal.write(self._stream, self._worker, text, redraw=redraw, ended=ended)
+
+    def release(self) -> None:
+        """Shows the traceback held back, as it was written; later lines pass at once."""
+        with self._lock:
+            held, self._held, self.held_since = self._held, [], None
+        for text in held:
+            self._terminal.write(self._stream, self._worker, text, redraw=False, ended=True)
+
+    def divert(self, log: TextIO) -> bool:
+        """Writes the traceback held back to `log` instead; whether there was one."""
+        with self._lock:
+            held, self._held, self.held_since = self._held, [], None
+        log.writelines(f"{text}\n" for text in held)
+        return bool(held)
+
+    def _note_unhealthy(self, text: str) -> None:
+        self._recent = (self._recent + "\n" + text)[-2000:]
+        named = _UNHEALTHY.search(self._recent)
+        if named:
+            for task in map(int, _TASK.findall(named.group(1))):
+                if task not in self.unhealthy_workers:
+                    self.unhealthy_workers.append(task)
+            self._recent = self._recent[named.end():]
 
 
 def forward(pipe_fd: int, forwarder: LineForwarder) -> threading.Thread:

@@ -7,7 +7,7 @@ import itertools
 import tensorflow as tf
 
 from strategykit import upstream
-from strategykit.cluster import progress_reporter, slurm, stall_watchdog
+from strategykit.cluster import progress_reporter, public_address, slurm, stall_watchdog
 from strategykit.cluster.tf_config import count_workers, read_tf_config
 from strategykit.strategy import devices as _devices
 from strategykit.upstream.every_fit import add_to_every_fit
@@ -95,7 +95,8 @@ def from_env(*, cross_device_ops: str | tf.distribute.CrossDeviceOps = "auto"):
     1. `TF_CONFIG`, when set (by you, by `strategykit launch` or by a Kubernetes
        training operator): a cluster of more than one worker makes this process one
        worker of a `tf.distribute.MultiWorkerMirroredStrategy`; one worker, `mirrored()`.
-       `TF_CONFIG` always wins over SLURM.
+       `TF_CONFIG` always wins over SLURM. A worker at a public address is warned about
+       once (`strategykit.cluster.public_address`: its port is open to whoever reaches it).
     2. SLURM: in a task of a job step of several tasks (`srun -n 4 python train.py`),
        one worker per task of a `MultiWorkerMirroredStrategy` over the step's nodes
        (`strategykit.cluster.slurm.slurm_resolver()`; the tasks of a node listen on ports from
@@ -147,6 +148,7 @@ def from_env(*, cross_device_ops: str | tf.distribute.CrossDeviceOps = "auto"):
         )
     if count_workers(config) <= 1:
         return mirrored(cross_device_ops=cross_device_ops)
+    public_address.warn_if_public(config, stacklevel=3)
     _watch_for_stalls(config["task"].get("index", 0))
     upstream.install()
     return tf.distribute.MultiWorkerMirroredStrategy(

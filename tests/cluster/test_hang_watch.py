@@ -39,27 +39,63 @@ def test_before_any_progress_nothing_is_watched(tmp_path):
     assert _watch(tmp_path, [silent, None]).check(NOW) is None
 
 
+def test_a_stopped_worker_is_named_with_its_process_state(tmp_path):
+    watch = _watch(tmp_path, [_report(step=3), _report(step=2, heartbeat_ago=99)])
+    assert watch.check(NOW, ["S", "T"]) == (
+        "worker 1 is stopped (process state T: a SIGSTOP or Ctrl-Z) after step 2 of epoch 1; "
+        "no worker made progress for 60 s")
+
+
+def test_a_stopped_worker_is_named_before_one_furthest_behind(tmp_path):
+    watch = _watch(tmp_path, [_report(step=1), _report(step=2)])
+    assert watch.check(NOW, ["S", "T"]).startswith("worker 1 is stopped")
+
+
 def test_a_worker_whose_heartbeat_stopped_is_named(tmp_path):
     watch = _watch(tmp_path, [_report(step=3), _report(step=2, heartbeat_ago=99)])
-    assert watch.check(NOW) == ("worker 1 made no progress for 60 s; last step 2 of epoch 1 "
-                                "(its process does not run: stopped or frozen)")
+    assert watch.check(NOW) == ("worker 1 stopped its heartbeat after step 2 of epoch 1 (its "
+                                "process is frozen); no worker made progress for 60 s")
+    assert watch.check(NOW, ["S", "D"]) == (
+        "worker 1 is frozen in the kernel (process state D: a hung disk or network file "
+        "system, or a paused container) after step 2 of epoch 1; no worker made progress "
+        "for 60 s")
 
 
 def test_a_worker_that_never_reported_is_named(tmp_path):
     assert _watch(tmp_path, [_report(), None]).check(NOW) == (
-        "worker 1 made no progress for 60 s; no training step completed (its process does "
-        "not run: stopped or frozen)")
+        "worker 1 stopped its heartbeat before its first training step (its process is "
+        "frozen); no worker made progress for 60 s")
 
 
 def test_the_worker_furthest_behind_is_named(tmp_path):
     reports = [_report(epoch=2, step=1), _report(epoch=1, step=6), _report(epoch=2, step=1)]
     assert _watch(tmp_path, reports, timeout=30).check(NOW) == (
-        "worker 1 made no progress for 30 s; last step 6 of epoch 1")
+        "worker 1 is furthest behind, after step 6 of epoch 1; no worker made progress for "
+        "30 s")
 
 
 def test_workers_at_the_same_step_are_not_singled_out(tmp_path):
     assert _watch(tmp_path, [_report(), _report()]).check(NOW) == (
-        "no worker made progress for 60 s; last step 2 of epoch 1 on every worker")
+        "no worker made progress for 60 s; every worker is after step 2 of epoch 1")
+
+
+def test_a_worker_that_exited_is_neither_watched_nor_named(tmp_path):
+    # Its file stays, its heartbeat old: it ended (its exit code is the launcher's to judge).
+    ended = _report(step=3, heartbeat_ago=99)
+    watch = _watch(tmp_path, [_report(step=3, heartbeat_ago=99), ended])
+    assert watch.check(NOW, ["S", "exited"]).startswith("worker 0 stopped its heartbeat")
+    assert watch.check(NOW, ["exited", "exited"]) is None
+
+
+def test_outside_fit_evaluate_and_predict_nothing_hangs(tmp_path):
+    # After fit(): a chief saving a large model, or a worker exiting (Python stops a
+    # daemon heartbeat thread while it shuts down), makes no progress by design.
+    done = {**_report(step=6, heartbeat_ago=99), "calls": 0}
+    assert _watch(tmp_path, [done, {**_report(step=6), "calls": 0}]).check(NOW) is None
+    in_fit = {**_report(step=6), "calls": 1}
+    assert _watch(tmp_path, [done, in_fit]).check(NOW) == (
+        "worker 0 stopped its heartbeat after step 6 of epoch 1 (its process is frozen); no "
+        "worker made progress for 60 s")
 
 
 def test_timeout_zero_never_stops_a_job(tmp_path):
@@ -84,11 +120,22 @@ def test_the_callback_records_each_completed_step_counted_from_1(tmp_path):
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
     model.compile("sgd", "mse")
     x = np.zeros((12, 2), "float32")
-    model.fit(x, x[:, :1], batch_size=4, epochs=2, verbose=0,
-              callbacks=[ProgressReporter(progress)])
+    calls = []
+
+    class InCall(keras.callbacks.Callback):  # what the file says inside each call
+        def on_train_batch_end(self, batch, logs=None):
+            calls.append(progress._state["calls"])
+
+        def on_test_batch_end(self, batch, logs=None):
+            calls.append(progress._state["calls"])
+
+    model.fit(x, x[:, :1], batch_size=4, epochs=2, verbose=0, validation_data=(x, x[:, :1]),
+              callbacks=[ProgressReporter(progress), InCall()])
     progress.write()
     report = read(progress.path)
     assert (report["epoch"], report["step"]) == (2, 3)
+    assert calls == [1, 1, 1, 2, 2, 2] * 2  # in fit(); in its validation as well
+    assert report["calls"] == 0  # after fit()
 
 
 def test_outside_the_launcher_from_env_adds_nothing_to_keras(monkeypatch):

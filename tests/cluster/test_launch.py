@@ -320,10 +320,79 @@ def test_a_stopped_worker_is_named_and_the_hung_job_killed(job):
     started = time.time()
     result = job.run("--workers", "2", "--hang-timeout", "4")
     assert result.returncode == 124, result.stderr
-    assert "strategykit launch: worker 1 made no progress for 4 s; last step 4 of epoch 2 " \
-           "(its process does not run: stopped or frozen); stopped the job.\n" in result.stderr
+    assert "strategykit launch: worker 1 is stopped (process state T: a SIGSTOP or Ctrl-Z) " \
+           "after step 4 of epoch 2; no worker made progress for 4 s; stopped the job.\n" \
+           in result.stderr
     assert time.time() - started < 30
     assert not any(alive(facts["pid"]) for facts in job.records().values())
+
+
+def test_a_stopped_worker_is_named_when_a_healthy_peer_fails_first(job, tmp_path):
+    # TensorFlow ends the healthy worker about 10 s after the stopped one's last heartbeat,
+    # long before a realistic hang timeout: the launcher names the stopped worker, and the
+    # healthy one's traceback, which only echoes it, goes to a log file.
+    lost = (b"E0000 00:00:1795653262.2 11083 base_collective_executor.cc:249] The following "
+            b"tasks are unhealthy (stopped sending heartbeats):\n/job:worker/replica:0/task:1"
+            b"\nThe tasks have crashed.\nTraceback (most recent call last):\n  File "
+            b"\"train.py\", line 7, in <module>\ntensorflow.python.framework.errors_impl."
+            b"UnavailableError: Collective ops is aborted\n")
+    job.worker(f"""
+        now = time.time()
+        write_whole(os.environ["STRATEGYKIT_PROGRESS_FILE"],
+                    dict(epoch=3, step=4, progress=now, heartbeat=now, calls=1))
+        if k == 1:
+            os.kill(os.getpid(), signal.SIGSTOP)
+        time.sleep(1)
+        sys.stderr.buffer.write({lost!r})
+        sys.exit(1)
+    """)
+    result = job.run("--workers", "2")  # the default hang timeout: 300 s
+    assert result.returncode == 124, result.stderr
+    lines = result.stderr.splitlines()
+    assert "strategykit launch: worker 1 is stopped (process state T: a SIGSTOP or Ctrl-Z) " \
+           "after step 4 of epoch 3; worker 0 then exited with code 1 (it lost worker 1); " \
+           "stopped the other 1 worker." in lines
+    assert "Traceback" not in result.stderr and "task:1" not in result.stderr
+    log_line = lines[-1]
+    assert log_line.startswith("strategykit launch: the error output of worker 0, which "
+                               "follows from that, is in ")
+    assert log_line.endswith("; --verbose shows it here.")
+    log = log_line.split(" is in ")[1].split(";")[0]
+    assert "UnavailableError: Collective ops is aborted" in open(log).read()
+    os.remove(log)
+    verbose = job.run("--verbose", "--workers", "2")
+    assert verbose.returncode == 124
+    assert "[worker 0] Traceback (most recent call last):" in verbose.stderr
+    assert "error output" not in verbose.stderr
+
+
+def test_the_traceback_of_a_worker_at_fault_is_shown_and_one_that_goes_on_too(job):
+    job.worker("""
+        if k == 0:
+            print("Traceback (most recent call last):\\nKeyError: 'logged, then going on'",
+                  file=sys.stderr, flush=True)
+            time.sleep(8)
+        else:
+            time.sleep(0.5)
+            raise ValueError("worker 1's own bug")
+    """)
+    result = job.run("--workers", "2")
+    assert result.returncode == 1, result.stderr
+    assert "[worker 1] ValueError: worker 1's own bug\n" in result.stderr
+    assert "strategykit launch: worker 1 exited with code 1; stopped the other 1 worker.\n" \
+           in result.stderr
+    # Worker 0 was stopped by the launcher with its logged traceback still held: set aside.
+    assert "KeyError" not in result.stderr
+    assert "the error output of worker 0" in result.stderr
+    job.worker("""
+        if k == 0:
+            print("Traceback (most recent call last):\\nKeyError: 'logged, then going on'",
+                  file=sys.stderr, flush=True)
+            time.sleep(7)
+    """)
+    result = job.run("--workers", "2")
+    assert result.returncode == 0, result.stderr
+    assert "[worker 0] KeyError: 'logged, then going on'\n" in result.stderr
 
 
 # Bad arguments: exit code 2 and a message naming what was received and the fix.

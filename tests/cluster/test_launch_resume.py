@@ -28,7 +28,6 @@ from workers import TEST_PATHS
 
 EPOCHS = 6
 TIMEOUT = 300
-HANG_TIMEOUT = 6
 
 _WORKER = """
 import json, os, signal, sys, time
@@ -192,19 +191,25 @@ def test_a_chief_killed_while_writing_a_backup_resumes_from_the_one_before(tmp_p
     _assert_uninterrupted_weights(out)
 
 
-def test_a_stopped_worker_is_named_and_the_job_restarted_from_its_backup(tmp_path):
-    code, err, _, out = _launch(tmp_path, "stop-in-epoch-2", "--restarts", "1",
-                                "--hang-timeout", str(HANG_TIMEOUT))
+@pytest.mark.parametrize("hang_timeout", ["20", None])  # None: the default, 300 s
+def test_a_stopped_worker_is_named_and_the_job_restarted_from_its_backup(tmp_path,
+                                                                         hang_timeout):
+    # TensorFlow ends worker 0 about 10 s after worker 1 stopped sending heartbeats, before
+    # either timeout: worker 1 must be named all the same, and that it is stopped.
+    options = ("--hang-timeout", hang_timeout) if hang_timeout else ()
+    code, err, _, out = _launch(tmp_path, "stop-in-epoch-2", "--restarts", "1", *options)
     assert code == 0, err[-4000:]
-    assert f"strategykit launch: worker 1 made no progress for {HANG_TIMEOUT} s; last step 3 " \
-           "of epoch 3 (its process does not run: stopped or frozen); stopped the job.\n" in err
+    assert "strategykit launch: worker 1 is stopped (process state T: a SIGSTOP or Ctrl-Z) " \
+           "after step 3 of epoch 3; worker 0 then exited with code 1 (it lost worker 1); " \
+           "stopped the other 1 worker.\n" in err
+    assert "Traceback" not in err  # worker 0's, which only echoes it, is in a log file
     assert "restarting the job (restart 1 of 1)" in err
     assert _epochs(out, 0) == [0, 1, 2]
     assert _epochs(out, 1) == [2, 3, 4, 5]  # from the backup after the 2nd epoch
     _assert_uninterrupted_weights(out)
     stopped = float((out / "stopped").read_text())
     restarted = min(float((out / f"began-1-{k}").read_text()) for k in range(2))
-    assert restarted - stopped < HANG_TIMEOUT + 30  # noticed, killed, started again
+    assert restarted - stopped < 60  # noticed, killed, started again
 
 
 def test_without_restarts_the_launcher_exits_non_zero_and_one_worker_resumes(tmp_path):
