@@ -10,6 +10,7 @@ import argparse
 import sys
 
 from strategykit.cluster import hang_watch
+from strategykit.cluster.launch import NETWORKS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,7 +65,7 @@ def _add_launch(commands, common: argparse.ArgumentParser) -> None:
     launch = commands.add_parser(
         "launch", parents=[common],
         usage="strategykit launch --workers N [--restarts K] [--hang-timeout S] [--port P] "
-              "[--gpus-per-worker G] -- COMMAND [ARGS ...]",
+              "[--network {private,host}] [--gpus-per-worker G] -- COMMAND [ARGS ...]",
         help="run N local worker processes of a command, each with its TF_CONFIG",
         description="Starts N worker processes of COMMAND on this machine, each with its "
                     "TF_CONFIG (worker 0 is the chief), forwards their output prefixed "
@@ -82,6 +83,10 @@ def _add_launch(commands, common: argparse.ArgumentParser) -> None:
                              f"{hang_watch.DEFAULT_TIMEOUT:g})")
     launch.add_argument("--port", type=int, default=None, metavar="P",
                         help="worker k listens on port P+k (default: free ports)")
+    launch.add_argument("--network", choices=NETWORKS, default="private",
+                        help="private (default): the job's own network, its ports reachable "
+                             "from no other machine, and no other machine reachable from it; "
+                             "host: this machine's network")
     launch.add_argument("--gpus-per-worker", type=int, default=None, metavar="G",
                         help="GPUs for each worker; 0 runs them on the CPU (default: the "
                              "GPUs found, divided evenly)")
@@ -163,7 +168,7 @@ def _launch(args) -> int:
     command = args.worker_command
     return launch(command[1:] if command[:1] == ["--"] else command, workers=args.workers,
                   restarts=args.restarts, port=args.port, gpus_per_worker=args.gpus_per_worker,
-                  hang_timeout=args.hang_timeout, verbose=args.verbose)
+                  hang_timeout=args.hang_timeout, network=args.network, verbose=args.verbose)
 
 
 def _add_replicas(parser: argparse.ArgumentParser, help_text: str) -> None:

@@ -51,13 +51,15 @@ class HangWatch:
         """Each worker's last written progress report; `{}` for one not written yet."""
         return [read(path) or {} for path in self.paths]
 
-    def check(self, now: float, states: list[str | None] | None = None) -> str | None:
+    def check(self, now: float, states: list[str | None] | None = None,
+              reports: list[dict] | None = None) -> str | None:
         """None while the job makes progress; else what hangs, as the launcher says it.
 
         Args:
             now: the time, as `time.time()` gives it.
             states: each worker's process state (`process_state.process_state`), `EXITED`
                 for one that has ended, None where unknown; default: all unknown.
+            reports: the workers' reports (`reports()`) when just read; default: read now.
 
         Returns:
             None, or a message such as "worker 1 is stopped (process state T: a SIGSTOP
@@ -65,7 +67,7 @@ class HangWatch:
         """
         if not self.timeout:
             return None
-        reports = self.reports()
+        reports = self.reports() if reports is None else reports
         states = list(states) if states is not None else [None] * len(reports)
         running = [k for k, state in enumerate(states) if state != EXITED]
         progress = [report["progress"] for report in reports if report.get("progress")]

@@ -18,7 +18,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 
-from strategykit.cluster import hang_watch, progress_file
+from strategykit.cluster import hang_watch, held_output, private_network, progress_file
 from strategykit.cluster.exit_codes import PREEMPTED
 from strategykit.cluster.fault import blame
 from strategykit.cluster.orphan_guard import guarded
@@ -35,13 +35,15 @@ worker) before their process groups get SIGKILL."""
 
 _POLL_SECONDS = 0.05
 _OUTPUT_SECONDS = 5.0  # how long the last output of a job may take to arrive
-_HELD_SECONDS = 5.0  # a traceback of a worker that goes on is shown this much later
 _MAX_PORT = 65535
+NETWORKS = ("private", "host")
+"""The networks a job can run in (`launch`'s `network`)."""
 
 
 def launch(command: Sequence[str], workers: int, restarts: int = 0, port: int | None = None,
            gpus_per_worker: int | None = None,
-           hang_timeout: float = hang_watch.DEFAULT_TIMEOUT, verbose: bool = False) -> int:
+           hang_timeout: float = hang_watch.DEFAULT_TIMEOUT, network: str = "private",
+           verbose: bool = False) -> int:
     """Runs `command` as `workers` worker processes of one job on this machine.
 
     Worker k (worker 0 is the chief) runs in its own process group with the launcher's
@@ -78,7 +80,9 @@ def launch(command: Sequence[str], workers: int, restarts: int = 0, port: int | 
     (`strategykit.cluster.orphan_guard`). A job in which no worker has made training
     progress for `hang_timeout` seconds (one worker stopped or stuck, the others waiting
     for it in an all-reduce) is stopped with SIGKILL, the worker to blame named
-    (`strategykit.cluster.hang_watch`), and restarted like a failed one.
+    (`strategykit.cluster.hang_watch`), and restarted like a failed one. The worker
+    named for a failure is the one at fault (`strategykit.cluster.fault`): a stopped
+    peer, or the one TensorFlow names unhealthy, rather than the first to fail.
 
     Args:
         command: the program and its arguments, e.g. `["python", "train.py"]`.
@@ -89,6 +93,13 @@ def launch(command: Sequence[str], workers: int, restarts: int = 0, port: int | 
             default None: the GPUs found divided evenly.
         hang_timeout: seconds without training progress that stop the job; 0 never.
             Default 300. The watch starts with the first step a worker completes.
+        network: `"private"` (default): the workers run in a network of the job's own
+            (`strategykit.cluster.private_network`), their ports reachable from no other
+            machine and no other machine reachable from them; where the kernel does not
+            allow it the launcher says so and uses this machine's network. `"host"`: this
+            machine's network.
+        verbose: show every worker's tracebacks where they come; by default those of
+            workers that only echo the failure of the worker at fault go to a log file.
 
     Returns:
         The exit code: 0 when every worker exited 0; after the last allowed attempt
@@ -99,12 +110,11 @@ def launch(command: Sequence[str], workers: int, restarts: int = 0, port: int | 
     Raises:
         ValueError: a bad argument (no command or a string for one, `workers` < 1,
             `restarts` < 0, `hang_timeout` < 0, a port out of range, more GPUs asked for
-            than found), or a command that cannot start.
+            than found, an unknown network), or a command that cannot start.
 
     Example:
         >>> launch(["python", "-c", "import os; print(os.environ['STRATEGYKIT_WORKER'])"],
         ...        workers=2)  # doctest: +SKIP
-        strategykit launch: starting 2 workers on localhost, ports 40123, 40124.
         [worker 0] 0
         [worker 1] 1
         0
@@ -113,27 +123,45 @@ def launch(command: Sequence[str], workers: int, restarts: int = 0, port: int | 
         raise ValueError(f"command must be a list: the program, then its arguments. Received: "
                          f"command={command!r}. Use e.g. {command.split()!r}.")
     command = list(command)
-    _check_arguments(command, workers, restarts, port, hang_timeout)
+    _check_arguments(command, workers, restarts, port, hang_timeout, network)
     gpus = find_gpus()
     devices = gpu_assignment(workers, gpus_per_worker, gpus)
     terminal = Terminal(sys.stdout, sys.stderr)
     if gpus_per_worker is None and 0 < len(gpus) < workers:
         terminal.note(f"{count(len(gpus), 'GPU')} for {workers} workers: every worker sees "
                       "every GPU; --gpus-per-worker 0 runs the workers on the CPU.")
-    with _StopSignals() as stop:
-        for attempt in range(restarts + 1):
-            if attempt:
-                terminal.note(f"restarting the job (restart {attempt} of {restarts}).")
-            ports = free_ports(workers) if port is None else list(range(port, port + workers))
-            code = _run_job(command, attempt, ports, devices, terminal, stop, hang_timeout,
-                            verbose)
-            if code == 0 or stop.signal is not None:
-                break
+    job_network = _open_network(network, terminal)
+    try:
+        with _StopSignals() as stop:
+            for attempt in range(restarts + 1):
+                if attempt:
+                    terminal.note(f"restarting the job (restart {attempt} of {restarts}).")
+                ports = free_ports(workers) if port is None else list(range(port, port + workers))
+                code = _run_job(command, attempt, ports, devices, terminal, stop,
+                                hang_timeout, job_network, verbose)
+                if code == 0 or stop.signal is not None:
+                    break
+    finally:
+        if job_network is not None:
+            job_network.close()
     return code
 
 
+def _open_network(network: str, terminal: Terminal) -> private_network.PrivateNetwork | None:
+    """The job's private network; None for the machine's (asked for, or the only one)."""
+    if network == "host":
+        return None
+    try:
+        return private_network.start()
+    except private_network.Unavailable as error:
+        terminal.note(f"no private network for the job here ({error}): its workers' ports "
+                      "are open to other machines, as with --network=host (see the README, "
+                      "Security).")
+        return None
+
+
 def _check_arguments(command: list[str], workers: int, restarts: int, port: int | None,
-                     hang_timeout: float) -> None:
+                     hang_timeout: float, network: str) -> None:
     if not command:
         raise ValueError("no command to run. Received: command=[]. Put the command after "
                          "--: strategykit launch --workers 2 -- python train.py")
@@ -147,6 +175,10 @@ def _check_arguments(command: list[str], workers: int, restarts: int, port: int 
         raise ValueError(f"hang_timeout cannot be negative. Received: hang_timeout="
                          f"{hang_timeout:g}. Use --hang-timeout S for S seconds, or 0 to "
                          "never stop a job that makes no progress.")
+    if network not in NETWORKS:
+        raise ValueError(f"unknown network. Received: network={network!r}. Use "
+                         "--network=private (the default: the job's own, reachable from no "
+                         "other machine) or --network=host (this machine's network).")
     last = _MAX_PORT - workers + 1
     if port is not None and not 1 <= port <= last:
         raise ValueError(
@@ -157,10 +189,13 @@ def _check_arguments(command: list[str], workers: int, restarts: int, port: int 
 
 def _run_job(command: list[str], attempt: int, ports: list[int], devices: list[str | None],
              terminal: Terminal, stop: _StopSignals, hang_timeout: float,
-             verbose: bool) -> int:
+             job_network: private_network.PrivateNetwork | None, verbose: bool) -> int:
     """Runs one attempt of the job; returns its exit code (see `launch`)."""
+    where = ("in a private network (reachable from this job only)" if job_network
+             else "on this machine's network")
     terminal.note(f"starting {count(len(ports), 'worker')} on localhost, "
-                  f"port{'s' * (len(ports) > 1)} {', '.join(map(str, ports))}.")
+                  f"port{'s' * (len(ports) > 1)} {', '.join(map(str, ports))}, {where}.")
+    network_pid = job_network.pid if job_network else None
     processes: list[subprocess.Popen] = []
     readers = []
     stderrs: list[LineForwarder] = []
@@ -172,7 +207,7 @@ def _run_job(command: list[str], attempt: int, ports: list[int], devices: list[s
     try:
         for k, device in enumerate(devices):
             env = {**worker_env(k, attempt, ports, device), progress_file.VARIABLE: paths[k]}
-            process = _start(command, env)
+            process = _start(command, env, network_pid)
             processes.append(process)
             for stream in ("stdout", "stderr"):
                 pipe = getattr(process, stream)
@@ -192,11 +227,12 @@ def _run_job(command: list[str], attempt: int, ports: list[int], devices: list[s
                     break
             elif failed is not None or all(code == 0 for code in codes):
                 break
-            hung = watch.check(time.time(), states)
+            progress = watch.reports()
+            hung = watch.check(time.time(), states, progress)
             if hung is not None:  # a stopped process ignores SIGTERM: no grace
                 signal_groups(processes, signal.SIGKILL)
                 break
-            _show_tracebacks_of_running_workers(stderrs, codes)
+            held_output.show_if_going_on(stderrs, codes, progress)
             time.sleep(_POLL_SECONDS)
     finally:
         stopped = _stop(processes, PREEMPTION_GRACE_SECONDS if stop.signal else GRACE_SECONDS)
@@ -208,26 +244,30 @@ def _run_job(command: list[str], attempt: int, ports: list[int], devices: list[s
     others = f"; stopped the other {count(len(stopped), 'worker')}" if stopped else ""
     if hung is not None:
         terminal.note(f"{hung}; stopped the job.")
-        _set_aside_tracebacks(stderrs, None, attempt, terminal)
+        held_output.set_aside_echoes(stderrs, None, _log_path(attempt), terminal)
         return hang_watch.EXIT_CODE
     if stop.signal is not None:
-        _show_tracebacks(stderrs)
+        held_output.show(stderrs)
         terminal.note(f"received {signal.Signals(stop.signal).name}; stopped "
                       f"{count(len(stopped), 'worker')}.")
         return 128 + stop.signal
     if failed is None:
-        _show_tracebacks(stderrs)
+        held_output.show(stderrs)
         return 0
     code = processes[failed].returncode
     if code == PREEMPTED:
-        _show_tracebacks(stderrs)
+        held_output.show(stderrs)
         terminal.note(f"after a SIGTERM every worker backed up the same step and stopped "
                       f"(exit {PREEMPTED}){others}.")
         return code
     unhealthy = {k: forwarder.unhealthy_workers for k, forwarder in enumerate(stderrs)}
     fault = blame(failed, codes, states, last_reports, unhealthy)
     terminal.note(f"{fault.message}{others}.")
-    _set_aside_tracebacks(stderrs, fault.worker, attempt, terminal)
+    held_output.set_aside_echoes(stderrs, fault.worker, _log_path(attempt), terminal)
+    if job_network and any(forwarder.saw_unreachable for forwarder in stderrs):
+        terminal.note("the job runs in a private network, where its workers cannot reach "
+                      "other machines (a download, an experiment tracker): run it with "
+                      "--network=host if it needs to (see the README, Security).")
     return fault.code
 
 
@@ -237,41 +277,10 @@ def _states(processes: list[subprocess.Popen], codes: list[int | None]) -> list[
             for process, code in zip(processes, codes)]
 
 
-def _show_tracebacks_of_running_workers(stderrs: list[LineForwarder],
-                                        codes: list[int | None]) -> None:
-    """A worker still running `_HELD_SECONDS` after a traceback printed it and went on."""
-    now = time.monotonic()
-    for forwarder, code in zip(stderrs, codes):
-        if code is None and forwarder.held_since is not None \
-                and now - forwarder.held_since > _HELD_SECONDS:
-            forwarder.release()
-
-
-def _show_tracebacks(stderrs: list[LineForwarder]) -> None:
-    for forwarder in stderrs:
-        forwarder.release()
-
-
-def _set_aside_tracebacks(stderrs: list[LineForwarder], at_fault: int | None, attempt: int,
-                          terminal: Terminal) -> None:
-    """Shows the traceback of the worker at fault; those of the others, which only echo
-    it (their collectives lost that worker), go to a log file that the launcher names."""
-    if at_fault is not None:
-        stderrs[at_fault].release()
-    log_path = os.path.join(tempfile.gettempdir(),
-                            f"strategykit-launch-{os.getpid()}-attempt-{attempt}.log")
-    echoed = []
-    with open(log_path, "w") as log:
-        for k, forwarder in enumerate(stderrs):
-            log.write(f"--- worker {k} ---\n")
-            if k != at_fault and forwarder.divert(log):
-                echoed.append(k)
-    if not echoed:
-        os.remove(log_path)
-        return
-    workers = " and ".join(f"worker {k}" for k in echoed)
-    terminal.note(f"the error output of {workers}, which follows from that, is in "
-                  f"{log_path}; --verbose shows it here.")
+def _log_path(attempt: int) -> str:
+    """Where the error output that only echoes the worker at fault goes."""
+    return os.path.join(tempfile.gettempdir(),
+                        f"strategykit-launch-{os.getpid()}-attempt-{attempt}.log")
 
 
 def _first_failed(codes: list[int | None]) -> int | None:
@@ -285,7 +294,7 @@ def _first_failed(codes: list[int | None]) -> int | None:
     return min(failed, key=lambda k: (codes[k] > 0, k)) if failed else None
 
 
-def _start(command: list[str], env: dict[str, str]) -> subprocess.Popen:
+def _start(command: list[str], env: dict[str, str], network_pid: int | None) -> subprocess.Popen:
     """Starts one worker in a process group of its own, guarded to die with the launcher."""
     program = command[0]
     if shutil.which(program, path=env.get("PATH")) is None:
@@ -293,7 +302,7 @@ def _start(command: list[str], env: dict[str, str]) -> subprocess.Popen:
         reason = errno.EACCES if os.path.isfile(program) else errno.ENOENT
         raise _cannot_start(command, os.strerror(reason))
     try:
-        return subprocess.Popen(guarded(command, os.getpid()), env=env,
+        return subprocess.Popen(guarded(command, os.getpid(), network_pid), env=env,
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, start_new_session=True)
     except OSError as error:

@@ -14,8 +14,9 @@ A Python traceback on a worker's stderr may be held back (`hold_tracebacks`): fr
 which its error lists on a line of its own), the worker's stderr lines wait until the
 launcher knows whether that worker is the one at fault. When a peer is, the traceback
 only echoes it (an all-reduce that lost the peer) and goes to a log file instead
-(`divert`); otherwise it is shown as it was written (`release`). Every line is also
-scanned for the tasks TensorFlow names unhealthy (`unhealthy_workers`).
+(`take_held`); otherwise it is shown as it was written (`release`). Every line is also
+scanned for the tasks TensorFlow names unhealthy (`unhealthy_workers`) and for a network
+or host that could not be reached (`saw_unreachable`).
 
 Example:
     >>> import io
@@ -42,6 +43,9 @@ TRACEBACK = "Traceback (most recent call last):"
 _UNHEALTHY = re.compile(r"unhealthy \(stopped sending heartbeats\):?((?:\s*/job:worker/"
                         r"replica:\d+/task:\d+,?)+)")
 _TASK = re.compile(r"/job:worker/replica:\d+/task:(\d+)")
+_UNREACHABLE = re.compile(r"Network is unreachable|Temporary failure in name resolution|Name or "
+                          r"service not known|No address associated with hostname|Could not "
+                          r"resolve host|\[Errno (101|-2|-3)\]")
 
 PROGRESS_BAR = "\u2501"
 """The character Keras's progress bar is drawn with: a line holding it is a bar."""
@@ -112,7 +116,7 @@ class LineForwarder:
         worker: the worker's index; worker 0 is the chief.
         stream: `"stdout"` or `"stderr"`.
         hold_tracebacks: hold back a Python traceback on stderr until `release` or
-            `divert` is called.
+            `take_held` is called.
     """
 
     def __init__(self, terminal: Terminal, worker: int, stream: str,
@@ -121,9 +125,11 @@ class LineForwarder:
         self._hold = hold_tracebacks and stream == "stderr"
         self._held: list[str] = []
         self.held_since: float | None = None
-        """When the traceback held now began (`time.monotonic()`); None when none is."""
+        """When the traceback held now began (`time.time()`); None when none is."""
         self.unhealthy_workers: list[int] = []
         """The workers this worker's TensorFlow named unhealthy, in the order named."""
+        self.saw_unreachable = False
+        """Whether a line said that a network or a host name could not be reached."""
         self._recent = ""  # the last lines, for a message of TensorFlow's split over lines
         self._lock = threading.Lock()
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -174,7 +180,7 @@ class LineForwarder:
             if self._hold and (self._held or text.startswith(TRACEBACK)
                                or _TASK.fullmatch(text.strip())):
                 if not self._held:
-                    self.held_since = time.monotonic()
+                    self.held_since = time.time()
                 self._held.append(text)
                 return
         self._terminal.write(self._stream, self._worker, text, redraw=redraw, ended=ended)
@@ -186,14 +192,14 @@ class LineForwarder:
         for text in held:
             self._terminal.write(self._stream, self._worker, text, redraw=False, ended=True)
 
-    def divert(self, log: TextIO) -> bool:
-        """Writes the traceback held back to `log` instead; whether there was one."""
+    def take_held(self) -> list[str]:
+        """The lines of the traceback held back, taken instead of shown."""
         with self._lock:
             held, self._held, self.held_since = self._held, [], None
-        log.writelines(f"{text}\n" for text in held)
-        return bool(held)
+        return held
 
     def _note_unhealthy(self, text: str) -> None:
+        self.saw_unreachable = self.saw_unreachable or bool(_UNREACHABLE.search(text))
         self._recent = (self._recent + "\n" + text)[-2000:]
         named = _UNHEALTHY.search(self._recent)
         if named:

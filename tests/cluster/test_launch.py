@@ -12,6 +12,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -168,8 +169,8 @@ def test_each_worker_gets_its_tf_config_worker_index_and_gpus(three_workers):
         assert records[f"0-{k}"]["tf_config"] == {
             "cluster": cluster, "task": {"type": "worker", "index": k}}
     assert [records[f"0-{k}"]["cuda"] for k in range(3)] == ["0,1", "2,3", "4,5"]
-    assert f"starting 3 workers on localhost, ports {', '.join(map(str, ports))}." \
-        in result.stderr
+    assert f"starting 3 workers on localhost, ports {', '.join(map(str, ports))}, in a " \
+           "private network (reachable from this job only).\n" in result.stderr
 
 
 def test_output_is_prefixed_and_only_the_chiefs_progress_bar_is_shown(three_workers):
@@ -384,15 +385,29 @@ def test_the_traceback_of_a_worker_at_fault_is_shown_and_one_that_goes_on_too(jo
     # Worker 0 was stopped by the launcher with its logged traceback still held: set aside.
     assert "KeyError" not in result.stderr
     assert "the error output of worker 0" in result.stderr
+    # Worker 0 logs a traceback, completes a step, and waits until the test has seen the
+    # traceback on the launcher's stderr: shown while the worker runs, not at its end.
     job.worker("""
         if k == 0:
             print("Traceback (most recent call last):\\nKeyError: 'logged, then going on'",
                   file=sys.stderr, flush=True)
-            time.sleep(7)
+            time.sleep(0.5)
+            now = time.time()  # a training step after it, as sk.from_env() reports one
+            write_whole(os.environ["STRATEGYKIT_PROGRESS_FILE"],
+                        dict(epoch=1, step=1, progress=now, heartbeat=now, calls=1))
+            deadline = time.time() + 20
+            while not os.path.exists(os.path.join(FOLDER, "seen.json")):
+                if time.time() > deadline:
+                    sys.exit(3)
+                time.sleep(0.05)
     """)
-    result = job.run("--workers", "2")
+    launcher = job.start("--workers", "2")
+    for line in launcher.stderr:  # bytes, as they come
+        if b"KeyError: 'logged, then going on'" in line:
+            (job.folder / "seen.json").write_text("{}")
+            break
+    result = job.finish(launcher)
     assert result.returncode == 0, result.stderr
-    assert "[worker 0] KeyError: 'logged, then going on'\n" in result.stderr
 
 
 # Bad arguments: exit code 2 and a message naming what was received and the fix.
@@ -438,7 +453,14 @@ def test_launch_raises_on_a_bad_argument(monkeypatch, args, message):
     with pytest.raises(ValueError, match=message):
         launch(parsed.worker_command[1:], workers=parsed.workers, restarts=parsed.restarts,
                port=parsed.port, gpus_per_worker=parsed.gpus_per_worker,
-               hang_timeout=parsed.hang_timeout)
+               hang_timeout=parsed.hang_timeout, network=parsed.network)
+
+
+def test_launch_wants_a_network_it_knows():
+    with pytest.raises(ValueError, match=r"unknown network\. Received: network='none'\. Use "
+                       r"--network=private \(the default: the job's own, reachable from no "
+                       r"other machine\) or --network=host \(this machine's network\)\."):
+        launch(["python"], workers=2, network="none")
 
 
 def test_launch_wants_the_command_as_a_list():
@@ -593,3 +615,103 @@ def test_workers_print_no_tensorflow_log_lines_unless_verbose(tmp_path):
     verbose = job.run("--verbose", "--workers", "2")
     assert verbose.returncode == 0, verbose.stderr
     assert _TF_LOG_LINE.search(verbose.stderr), verbose.stderr
+
+
+# The job's network: private by default, the machine's with --network=host.
+
+
+def _outside_address() -> str:
+    """This machine's address on its network (the interface of its default route)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect(("192.0.2.1", 9))  # no packet is sent: only the route is looked up
+        address = probe.getsockname()[0]
+    assert not address.startswith("127."), f"no address but loopback: {address}"
+    return address
+
+
+def _reachable(address: str, port: int) -> bool:
+    try:
+        socket.create_connection((address, port), timeout=2).close()
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("network, reachable", [(None, False), ("host", True)])
+def test_a_workers_port_is_reachable_from_outside_the_job_only_on_the_hosts_network(
+        job, network, reachable):
+    # Each worker listens on its TF_CONFIG port on every interface, as TensorFlow's gRPC
+    # server does, and checks that it reaches the other worker's port through localhost.
+    job.worker("""
+        import socket
+        ports = [int(a.rsplit(":", 1)[1]) for a in json.loads(os.environ["TF_CONFIG"])[
+            "cluster"]["worker"]]
+        server = socket.socket()
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("0.0.0.0", ports[k]))
+        server.listen()
+        record(f"listening-{k}", port=ports[k])
+        wait_for(f"listening-{1 - k}")  # the peer listens
+        socket.create_connection(("localhost", ports[1 - k]), timeout=5).close()
+        record(f"reached-{k}")
+        wait_for("probed")
+    """)
+    launcher = job.start("--workers", "2", *(["--network", network] if network else []))
+    try:
+        job.wait_for("listening-0", "listening-1", "reached-0", "reached-1")
+        port = job.records()["listening-0"]["port"]
+        through = {"outside": _reachable(_outside_address(), port),
+                   "this machine's loopback": _reachable("127.0.0.1", port)}
+    finally:
+        (job.folder / "probed.json").write_text("{}")
+    result = job.finish(launcher)
+    assert result.returncode == 0, result.stderr
+    assert through == {"outside": reachable, "this machine's loopback": reachable}
+    where = "on this machine's network" if network else \
+        "in a private network (reachable from this job only)"
+    assert f", {where}.\n" in result.stderr
+
+
+def test_a_worker_that_reaches_out_of_the_private_network_is_told_the_flag(job):
+    job.worker("""
+        import urllib.request
+        if k == 1:
+            urllib.request.urlopen("https://pypi.org/simple/", timeout=10)
+        time.sleep(30)
+    """)
+    result = job.run("--workers", "2")
+    assert result.returncode == 1, result.stderr
+    assert "URLError" in result.stderr  # the worker at fault: its traceback shown
+    assert result.stderr.endswith(
+        "strategykit launch: the job runs in a private network, where its workers cannot "
+        "reach other machines (a download, an experiment tracker): run it with "
+        "--network=host if it needs to (see the README, Security).\n")
+
+
+def test_without_a_private_network_the_job_runs_on_the_machines_and_says_so(monkeypatch,
+                                                                            capsys):
+    def refused():
+        raise launch_module.private_network.Unavailable("unshare: Operation not permitted")
+
+    monkeypatch.setattr(launch_module.private_network, "start", refused)
+    watchdog = threading.Timer(TIMEOUT, os.kill, (os.getpid(), signal.SIGTERM))
+    watchdog.start()  # stops the launcher (exit 143) should it not end by itself
+    try:
+        code = launch([sys.executable, "-c", "print('trained')"], workers=2)
+    finally:
+        watchdog.cancel()
+    assert code == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == ("strategykit launch: no private network for the job here (unshare: "
+                      "Operation not permitted): its workers' ports are open to other "
+                      "machines, as with --network=host (see the README, Security).")
+    assert err[1].endswith(", on this machine's network.")
+
+
+def test_a_worker_whose_private_network_is_gone_does_not_start(tmp_path):
+    guard = [sys.executable, launch_module.guarded.__code__.co_filename, str(os.getpid())]
+    gone = subprocess.run([*guard, "999999999", "true"], capture_output=True, text=True,
+                          timeout=TIMEOUT)
+    assert gone.returncode == 126
+    assert gone.stderr == ("strategykit launch: cannot join the job's private network: its "
+                           "keeper (process 999999999) is gone\n")

@@ -172,8 +172,11 @@ def _assert_uninterrupted_weights(out, strategy=None):
 
 
 def test_a_restart_resumes_after_the_last_epoch_with_the_uninterrupted_weights(tmp_path):
-    code, err, _, out = _launch(tmp_path, "at-epoch-3", "--restarts", "1")
+    # On the machine's network (--network=host) here; the other tests run in the job's
+    # private network, the default: the same weights in both.
+    code, err, _, out = _launch(tmp_path, "at-epoch-3", "--restarts", "1", "--network=host")
     assert code == 0, err[-4000:]
+    assert "on this machine's network." in err
     assert "worker 1 was killed by signal SIGKILL" in err
     assert "restarting the job (restart 1 of 1)" in err
     assert _epochs(out, 0) == [0, 1, 2, 3]  # died at the start of epoch 3
