@@ -7,6 +7,7 @@ import json
 import keras
 import tensorflow as tf
 
+from strategykit.cluster import environments
 from strategykit.strategy import devices as _devices
 from strategykit.strategy.build import mirrored
 from strategykit.strategy.describe import describe
@@ -20,8 +21,10 @@ def collect(replicas: int | None = None) -> dict:
             `sk.mirrored()` (every GPU, or the CPU).
 
     Returns:
-        A dict with `tensorflow`, `keras`, `physical_devices`, `logical_devices` and
-        `strategy` (what `sk.describe` says of that strategy).
+        A dict with `tensorflow`, `keras`, `environment` (where the workers of a job
+        come from, as `sk.from_env()` detects it: `strategykit.cluster.environments`),
+        `physical_devices`, `logical_devices` and `strategy` (what `sk.describe` says of
+        that strategy).
 
     Example:
         >>> from strategykit.cli.info import collect
@@ -32,6 +35,7 @@ def collect(replicas: int | None = None) -> dict:
     return {
         "tensorflow": tf.__version__,
         "keras": keras.__version__,
+        "environment": environments.detect().describe(),
         "physical_devices": {
             kind: len(_devices.physical_devices(kind)) for kind in ("CPU", "GPU")
         },
@@ -48,6 +52,7 @@ def render(facts: dict, as_json: bool = False) -> str:
     rows = [
         ("TensorFlow", facts["tensorflow"]),
         ("Keras", facts["keras"]),
+        ("Environment", facts["environment"]),
         ("Physical devices", _count_text(facts["physical_devices"])),
         ("Logical devices", _count_text({k: len(v) for k, v in facts["logical_devices"].items()})),
         ("Strategy", strategy["strategy"]),

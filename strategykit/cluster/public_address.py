@@ -68,12 +68,14 @@ def public_addresses(config: dict) -> list[PublicAddress]:
     resolved: dict[str, str | None] = {}
     found = []
     for task_type, addresses in (config.get("cluster") or {}).items():
-        for index, address in enumerate(map(str, addresses)):
-            host = _host(address)
+        for index, address in enumerate(addresses):
+            if address is None:  # not known yet (SLURM's node list): nothing to check
+                continue
+            host = _host(str(address))
             if host not in resolved:
                 resolved[host] = _public_ip(host)
             if resolved[host] is not None:
-                found.append(PublicAddress(task_type, index, address, resolved[host]))
+                found.append(PublicAddress(task_type, index, str(address), resolved[host]))
     return found
 
 

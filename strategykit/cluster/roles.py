@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from strategykit.cluster.slurm import slurm_task_index, slurm_tasks
-from strategykit.cluster.tf_config import count_workers, read_tf_config
+from strategykit.cluster import environments
+from strategykit.cluster.tf_config import count_workers
 
 
 def is_chief(strategy: tf.distribute.Strategy | None = None) -> bool:
@@ -20,9 +20,9 @@ def is_chief(strategy: tf.distribute.Strategy | None = None) -> bool:
     worker writes them.
 
     Args:
-        strategy: the strategy the job trains under. Default None: what
-            `sk.from_env()` reads (`TF_CONFIG`, else a SLURM step of several tasks),
-            or a single machine.
+        strategy: the strategy the job trains under. Default None: the environment
+            `sk.from_env()` reads (`TF_CONFIG`, a SLURM step of several tasks, a
+            Kubernetes Job; `strategykit.cluster.environments`), or a single machine.
 
     Returns:
         True on the chief (the task of type `"chief"`, otherwise worker 0) and whenever
@@ -45,7 +45,7 @@ def worker_index(strategy: tf.distribute.Strategy | None = None) -> int:
     """This worker's position in the job: 0 for the chief, then the workers in order.
 
     Args:
-        strategy: as for `is_chief`. Default None: `TF_CONFIG`, else SLURM.
+        strategy: as for `is_chief`. Default None: the environment `sk.from_env()` reads.
 
     Returns:
         The index of this worker among every worker of the job (0 on one machine).
@@ -67,19 +67,14 @@ def is_multi_worker(strategy: tf.distribute.Strategy) -> bool:
 def _task(strategy) -> tuple[str | None, int, dict]:
     """`(task type, task index, cluster dict)`, or `(None, 0, {})` for a single worker.
 
-    Without a strategy: `TF_CONFIG` when set, else a SLURM step of several tasks.
+    Without a strategy: the environment `sk.from_env()` reads (`environments.detect()`).
     """
     if strategy is not None:
         if not is_multi_worker(strategy):
             return None, 0, {}
         resolver = strategy.cluster_resolver
         return resolver.task_type, int(resolver.task_id), resolver.cluster_spec().as_dict()
-    config = read_tf_config()
-    if not config and slurm_tasks() > 1:
-        # A SLURM step of several tasks and no TF_CONFIG, as sk.from_env() sees it: task
-        # SLURM_PROCID of the workers, task 0 the chief. Only the number of workers is
-        # needed here; their addresses would need the node list expanded (slurm_resolver).
-        return "worker", slurm_task_index(), {"worker": [None] * slurm_tasks()}
-    if count_workers(config) <= 1:
+    environment = environments.detect()
+    if environment.workers() <= 1:
         return None, 0, {}
-    return config["task"]["type"], int(config["task"]["index"]), config["cluster"]
+    return environment.task()

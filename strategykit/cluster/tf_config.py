@@ -10,13 +10,20 @@ from __future__ import annotations
 import json
 import os
 
+TRAINING_TASK_TYPES = ("chief", "worker")
+"""The task types of a cluster that train together under MultiWorkerMirroredStrategy."""
+
 
 def read_tf_config(raw: str | None = None) -> dict:
     """Reads and checks `TF_CONFIG` (or `raw`); `{}` when it is unset or empty.
 
+    Keys other than `cluster` and `task` (Vertex AI, SageMaker and Azure ML add
+    `environment`, `job`, `trial`, ...) are kept and ignored.
+
     Raises:
-        ValueError: bad JSON, no `cluster` or `task`, a task type not in the cluster, or
-            a task index out of range.
+        ValueError: bad JSON, no `cluster` or `task`, a task type not in the cluster, an
+            `evaluator` task, a cluster with other task types than `chief` and `worker`,
+            or a task index out of range.
     """
     raw = os.environ.get("TF_CONFIG", "") if raw is None else raw
     if not raw.strip():
@@ -48,6 +55,23 @@ def read_tf_config(raw: str | None = None) -> dict:
             '"task": {"type": "worker", "index": <this worker\'s position>}.'
         )
     task_type, index = task["type"], task["index"]
+    if task_type == "evaluator":
+        raise ValueError(
+            "TF_CONFIG makes this process the 'evaluator' task, which trains nothing: "
+            "strategykit trains on the chief and the workers of the cluster only. Received: "
+            f"task={task!r}. Run the job without an evaluator (Vertex AI: no evaluator "
+            "worker pool), or have this process evaluate the chief's checkpoints without "
+            "sk.from_env()."
+        )
+    unsupported = sorted(set(cluster) - set(TRAINING_TASK_TYPES))
+    if unsupported:
+        raise ValueError(
+            f"TF_CONFIG's cluster has task types strategykit does not train with: "
+            f"{unsupported}. Received: cluster task types {sorted(cluster)}. Use only "
+            "'chief' (at most one) and 'worker' tasks: strategykit builds a "
+            "MultiWorkerMirroredStrategy, in which every task trains ('ps' parameter "
+            "servers belong to ParameterServerStrategy)."
+        )
     if task_type not in cluster:
         raise ValueError(
             f"TF_CONFIG field 'task.type' is not a task type of the cluster. Received: "

@@ -7,8 +7,7 @@ import itertools
 import tensorflow as tf
 
 from strategykit import upstream
-from strategykit.cluster import progress_reporter, public_address, slurm, stall_watchdog
-from strategykit.cluster.tf_config import count_workers, read_tf_config
+from strategykit.cluster import environments, progress_reporter, public_address, stall_watchdog
 from strategykit.strategy import devices as _devices
 from strategykit.upstream.every_fit import add_to_every_fit
 
@@ -90,18 +89,24 @@ def mirrored(
 def from_env(*, cross_device_ops: str | tf.distribute.CrossDeviceOps = "auto"):
     """Builds the strategy the environment asks for: several workers, or one machine.
 
-    In order, the first that applies:
+    The environment is the first of these that this process is in
+    (`strategykit.cluster.environments`):
 
-    1. `TF_CONFIG`, when set (by you, by `strategykit launch` or by a Kubernetes
-       training operator): a cluster of more than one worker makes this process one
-       worker of a `tf.distribute.MultiWorkerMirroredStrategy`; one worker, `mirrored()`.
-       `TF_CONFIG` always wins over SLURM. A worker at a public address is warned about
-       once (`strategykit.cluster.public_address`: its port is open to whoever reaches it).
-    2. SLURM: in a task of a job step of several tasks (`srun -n 4 python train.py`),
-       one worker per task of a `MultiWorkerMirroredStrategy` over the step's nodes
-       (`strategykit.cluster.slurm.slurm_resolver()`; the tasks of a node listen on ports from
-       `STRATEGYKIT_PORT`, default 8888). A one-task step is one machine.
-    3. One machine: `mirrored()`, every local GPU or the CPU.
+    1. `TF_CONFIG`, when set: by you, by `strategykit launch`, by Ray Train, or by Vertex
+       AI, SageMaker or Azure ML (a `chief` task and extra keys such as `environment`,
+       `job`, `trial` are understood; an `evaluator` task is an error naming the fix).
+       It always wins.
+    2. SLURM: a task of a job step of several tasks (`srun -n 4 python train.py`), one
+       worker per task over the step's nodes (`strategykit.cluster.slurm.slurm_resolver()`;
+       the tasks of a node listen on ports from `STRATEGYKIT_PORT`, default 8888).
+    3. A Kubernetes JobSet or Indexed Job (`examples/kubernetes/`): the cluster from the
+       pod's index, its hostname and `STRATEGYKIT_WORKERS`.
+    4. One machine: `mirrored()`, every local GPU or the CPU.
+
+    More than one worker makes this process one worker of a
+    `tf.distribute.MultiWorkerMirroredStrategy`; one worker, `mirrored()`. A worker at a
+    public address is warned about once (`strategykit.cluster.public_address`: its port
+    is open to whoever reaches it).
 
     Args:
         cross_device_ops: `"auto"` (default) or `"nccl"` across workers; on a single
@@ -111,9 +116,10 @@ def from_env(*, cross_device_ops: str | tf.distribute.CrossDeviceOps = "auto"):
         A `tf.distribute.MultiWorkerMirroredStrategy` or a `tf.distribute.MirroredStrategy`.
 
     Raises:
-        ValueError: `TF_CONFIG` is malformed (the message names the bad field), a SLURM
-            variable, `STRATEGYKIT_PORT` or `STRATEGYKIT_HANG_TIMEOUT` is malformed, or
-            `cross_device_ops` is neither `"auto"` nor `"nccl"` across workers.
+        ValueError: the environment's variables are malformed or incomplete (the message
+            names the variable: a `TF_CONFIG` field, a SLURM or Kubernetes variable,
+            `STRATEGYKIT_PORT` or `STRATEGYKIT_HANG_TIMEOUT`), or `cross_device_ops` is
+            neither `"auto"` nor `"nccl"` across workers.
         RuntimeError: under SLURM, the node list cannot be expanded (Slurm's `scontrol`
             is missing or fails) or a task is on another node than expected.
 
@@ -137,22 +143,16 @@ def from_env(*, cross_device_ops: str | tf.distribute.CrossDeviceOps = "auto"):
     """
     if progress_reporter.reporter() is not None:
         add_to_every_fit(progress_reporter.reporter())
-    config = read_tf_config()
-    if not config and slurm.slurm_tasks() > 1:
-        options = _multi_worker_options(cross_device_ops)
-        resolver = slurm.slurm_resolver()
-        _watch_for_stalls(resolver.task_id)
-        upstream.install()
-        return tf.distribute.MultiWorkerMirroredStrategy(
-            cluster_resolver=resolver, communication_options=options
-        )
-    if count_workers(config) <= 1:
+    environment = environments.detect()
+    if environment.workers() <= 1:
         return mirrored(cross_device_ops=cross_device_ops)
-    public_address.warn_if_public(config, stacklevel=3)
-    _watch_for_stalls(config["task"].get("index", 0))
+    options = _multi_worker_options(cross_device_ops)
+    public_address.warn_if_public({"cluster": environment.task().cluster}, stacklevel=3)
+    resolver = environment.resolver()
+    _watch_for_stalls(environment.worker_index())
     upstream.install()
     return tf.distribute.MultiWorkerMirroredStrategy(
-        communication_options=_multi_worker_options(cross_device_ops)
+        cluster_resolver=resolver, communication_options=options
     )
 
 
