@@ -342,7 +342,9 @@ def test_tf_config_wins_over_slurm(monkeypatch, scontrol):
               "task": {"type": "worker", "index": 1}}
     monkeypatch.setenv("TF_CONFIG", json.dumps(config))
     monkeypatch.setattr(tf.distribute, "MultiWorkerMirroredStrategy", RecordedStrategy)
-    assert sk.from_env().cluster_resolver is None  # TensorFlow reads TF_CONFIG itself
+    resolver = sk.from_env().cluster_resolver  # TensorFlow's reader of TF_CONFIG
+    assert isinstance(resolver, tf.distribute.cluster_resolver.TFConfigClusterResolver)
+    assert (resolver.task_type, resolver.task_id) == ("worker", 1)
     assert (is_chief(), worker_index()) == (False, 1)  # TF_CONFIG's task, not SLURM's
     config["cluster"]["worker"] = ["localhost:1"]
     config["task"]["index"] = 0
