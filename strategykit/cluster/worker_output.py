@@ -175,7 +175,8 @@ class LineForwarder:
         self._drawn = text
 
     def _emit(self, text: str, *, redraw: bool, ended: bool) -> None:
-        self._note_unhealthy(text)
+        if self._stream == "stderr":  # where TensorFlow and tracebacks write
+            self._note_unhealthy(text)
         with self._lock:
             if self._hold and (self._held or text.startswith(TRACEBACK)
                                or _TASK.fullmatch(text.strip())):
