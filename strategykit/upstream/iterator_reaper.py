@@ -7,7 +7,8 @@ for a distributed one (`benchmarks/iterator_release.py`). Dropped inside `fit()`
 `fit()` returning late; dropped by Python's garbage collector, it is a notebook freezing
 at some later line.
 
-`release(iterator)` hands an iterator to a daemon thread instead. The thread waits until
+`release(iterator)` hands an iterator to a daemon thread instead (the process's one
+`IteratorReaper`; a test makes one of its own). The thread waits until
 it holds the last reference (Keras's loop may still name the iterator until its next
 epoch), then drops it and collects the garbage of its reference cycles there, so the
 wait falls on that thread alone. Nothing changes in what the iterator gave.
@@ -26,18 +27,96 @@ import gc
 import sys
 import threading
 import time
+import weakref
 
 _POLL_SECONDS = 0.2
-_held: list = []
-_lock = threading.Lock()
-_wake = threading.Event()
-_thread = None
-_deleting = 0  # iterators taken off the list and being deleted
-_stopping = threading.Event()  # set at exit
+
+
+class IteratorReaper:
+    """A daemon thread that deletes the objects released to it once only it holds them.
+
+    Example:
+        >>> import tensorflow as tf
+        >>> reaper = IteratorReaper(name="example-reaper")
+        >>> reaper.release(iter(tf.data.Dataset.range(3)))
+        >>> reaper.wait_until_idle(timeout=10)
+        True
+    """
+
+    def __init__(self, name: str = "strategykit-iterator-reaper"):
+        self.name = name
+        self._held: list = []
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread = None
+        self._deleting = 0  # taken off the list and being deleted
+        self._stopping = threading.Event()  # set at exit
+        _REAPERS.add(self)
+
+    def release(self, iterator) -> None:
+        """Deletes `iterator` on this reaper's thread once nothing else refers to it.
+
+        Args:
+            iterator: a dataset iterator (or any object) the caller is done with; the
+                caller should drop its own references to it.
+        """
+        with self._lock:
+            self._held.append(iterator)
+            if ((self._thread is None or not self._thread.is_alive())
+                    and not self._stopping.is_set()):
+                self._thread = threading.Thread(target=self._reap, name=self.name,
+                                                daemon=True)
+                self._thread.start()
+        self._wake.set()
+
+    def pending(self) -> int:
+        """How many released iterators are not deleted yet."""
+        with self._lock:
+            return len(self._held) + self._deleting
+
+    def wait_until_idle(self, timeout: float) -> bool:
+        """Waits until every released iterator is deleted; True if so within `timeout` s."""
+        deadline = time.monotonic() + timeout
+        while self.pending():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+    def stop(self) -> None:
+        """Stops the thread after the deletion in progress (see the module docstring)."""
+        self._stopping.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _reap(self) -> None:
+        while True:
+            self._wake.wait(_POLL_SECONDS)
+            self._wake.clear()
+            if self._stopping.is_set():
+                return
+            with self._lock:
+                # Held by the list alone: its reference and getrefcount's argument.
+                free = [i for i in range(len(self._held))
+                        if sys.getrefcount(self._held[i]) <= 2]
+                done = [self._held[i] for i in free]
+                for i in reversed(free):
+                    del self._held[i]
+                self._deleting = len(done)
+            if done:
+                del done[:]  # the deletions that may wait, outside the lock
+                gc.collect()
+                with self._lock:
+                    self._deleting = 0
+
+
+_REAPERS: "weakref.WeakSet[IteratorReaper]" = weakref.WeakSet()
+_PROCESS_REAPER = IteratorReaper()
 
 
 def release(iterator) -> None:
-    """Deletes `iterator` on the reaper's thread once nothing else refers to it.
+    """Deletes `iterator` on the process's reaper thread once nothing else refers to it.
 
     Args:
         iterator: a dataset iterator (or any object) the caller is done with; the caller
@@ -49,57 +128,20 @@ def release(iterator) -> None:
         >>> wait_until_idle(timeout=10)
         True
     """
-    global _thread
-    with _lock:
-        _held.append(iterator)
-        if (_thread is None or not _thread.is_alive()) and not _stopping.is_set():
-            _thread = threading.Thread(target=_reap, name="strategykit-iterator-reaper",
-                                       daemon=True)
-            _thread.start()
-    _wake.set()
+    _PROCESS_REAPER.release(iterator)
 
 
 def pending() -> int:
-    """How many released iterators are not deleted yet."""
-    with _lock:
-        return len(_held) + _deleting
+    """How many iterators released to the process's reaper are not deleted yet."""
+    return _PROCESS_REAPER.pending()
 
 
 def wait_until_idle(timeout: float) -> bool:
-    """Waits until every released iterator is deleted; True if so within `timeout` s."""
-    deadline = time.monotonic() + timeout
-    while pending():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
-def _reap() -> None:
-    global _deleting
-    while True:
-        _wake.wait(_POLL_SECONDS)
-        _wake.clear()
-        if _stopping.is_set():
-            return
-        with _lock:
-            # Held by the list alone: its reference and getrefcount's argument.
-            free = [i for i in range(len(_held)) if sys.getrefcount(_held[i]) <= 2]
-            done = [_held[i] for i in free]
-            for i in reversed(free):
-                del _held[i]
-            _deleting = len(done)
-        if done:
-            del done[:]  # the deletions that may wait, outside the lock
-            gc.collect()
-            with _lock:
-                _deleting = 0
+    """Waits until the process's reaper has deleted all it was given; True if so in time."""
+    return _PROCESS_REAPER.wait_until_idle(timeout)
 
 
 @atexit.register
-def _stop() -> None:
-    """Stops the thread after the deletion in progress (see the module docstring)."""
-    _stopping.set()
-    _wake.set()
-    if _thread is not None:
-        _thread.join()
+def _stop_all() -> None:
+    for reaper in list(_REAPERS):
+        reaper.stop()
