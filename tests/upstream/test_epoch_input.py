@@ -88,6 +88,20 @@ def test_plain_distributed_data_gets_one_iterator_per_epoch(make_strategy, itera
     # may still be busy deleting theirs (its deletions: the reaper tests below).
 
 
+def test_a_built_model_starts_no_iterator_to_build_itself(make_strategy, iterators_made):
+    # Keras starts an iterator of the data in every fit() and evaluate(), validation
+    # included, to build the model from a batch; once built, it ignores that batch.
+    strategy = make_strategy(2)
+    x, y = _regression_data(64)
+    with strategy.scope():
+        model = bn_regressor()
+    model.fit(x, y, batch_size=16, epochs=3, validation_data=(x, y), verbose=0)
+    assert len(iterators_made) == 1 + 3 + 3  # to build it; then each epoch, each dataset
+    model.evaluate(x, y, batch_size=16, verbose=0)
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+    assert len(iterators_made) == 7 + 1 + 1
+
+
 def _sync_bn_classifier(seed=0, steps_per_execution=1):
     keras.utils.set_random_seed(seed)
     model = keras.Sequential([
