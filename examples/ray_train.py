@@ -3,10 +3,10 @@
 Ray Train's `TensorflowTrainer` (Train V2, Ray 2.56 or later) starts the worker
 processes and writes each one's `TF_CONFIG` before the training function runs: workers
 only, no chief, so Ray's world rank 0 is worker 0, the chief of `sk.is_chief()` (checked
-below). The training function is the README's multi-worker script (`sk.from_env()`,
-`sk.shard`, synchronized batch norm, `CrossReplicaLoss`, `BackupAndRestore`); after each
-epoch it reports Keras's logs to Ray, with the model as Ray's checkpoint, written by the
-chief alone.
+below). The training function is the multi-worker script of
+docs/guides/several-machines.md (`sk.from_env()`, `sk.shard`, synchronized batch norm,
+`CrossReplicaLoss`, `BackupAndRestore`); after each epoch it reports Keras's logs to Ray,
+with the model as Ray's checkpoint, written by the chief alone.
 
 On this machine (a local Ray of `--workers` CPUs, started and stopped by the script):
 

@@ -111,7 +111,7 @@ class IteratorReaper:
                     self._deleting = 0
 
 
-_REAPERS: "weakref.WeakSet[IteratorReaper]" = weakref.WeakSet()
+_REAPERS: weakref.WeakSet[IteratorReaper] = weakref.WeakSet()
 _PROCESS_REAPER = IteratorReaper()
 
 
