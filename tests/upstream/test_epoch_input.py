@@ -18,15 +18,23 @@ from conftest import bn_regressor
 
 @pytest.fixture
 def iterators_made(monkeypatch):
-    """Every distributed dataset iterator started from now on (Keras's and ours)."""
-    made = []
+    """Every distributed dataset iterator started from now on (Keras's and ours): the
+    datasets they were started from, one per iterator.
+
+    The iterators are held until the test ends, then handed to the reaper: a test of
+    Keras's own loop, which drops them on its thread, would wait there for each deletion.
+    """
+    made, iterators = [], []
     for cls in (input_lib.DistributedDataset, input_lib.DistributedDatasetsFromFunction):
         def counted(self, original=cls.__iter__):
             made.append(self)
-            return original(self)
+            iterators.append(original(self))
+            return iterators[-1]
 
         monkeypatch.setattr(cls, "__iter__", counted)
-    return made
+    yield made
+    while iterators:
+        iterator_reaper.release(iterators.pop())
 
 
 def _regression_data(size, seed=0):
