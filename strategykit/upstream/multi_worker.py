@@ -22,7 +22,10 @@ data's shapes), so that building reads nothing from the pipeline Keras keeps. An
 the model, its compiled metrics and its compiled loss are all built (every `fit()` and
 `evaluate()` after the first, and every validation of a `fit()`), it reads no batch at
 all: upstream starts an iterator of the data (0.2 to 0.7 s under several replicas) to
-take a batch that `_symbolic_build` then ignores.
+take a batch that `_symbolic_build` then ignores. When it must build, on one worker, it
+builds from the data's `tf.TensorSpec`s of one replica's batch (`_symbolic_build` reads
+only the shapes and dtypes of the batch), unless they leave a shape unknown beyond the
+batch dimension, where it reads a batch as upstream does.
 
 Keras's other reductions across workers (`"concat"` for `predict()`, `"sum"`) work and
 are left as they are.
@@ -48,6 +51,38 @@ def _needs_a_batch(model) -> bool:
             or (model._compile_loss is not None and not model._compile_loss.built))
 
 
+def _replica_batch_specs(epoch_iterator, strategy):
+    """The `tf.TensorSpec`s of one replica's batch of a Keras epoch iterator's data, or
+    None where they say less than a batch would (a shape unknown beyond the batch
+    dimension, a ragged or sparse value): all `_symbolic_build` reads of a batch is its
+    shapes and dtypes."""
+    spec = getattr(getattr(epoch_iterator, "_distributed_dataset", None), "element_spec",
+                   None)
+    if spec is None:
+        return None
+    replicas = strategy.num_replicas_in_sync
+
+    def one_replica(value_spec):
+        if not isinstance(value_spec, tf.TensorSpec):  # per replica: one spec each
+            parts = tf.nest.flatten(value_spec, expand_composites=True)
+            if (len(parts) != replicas or not isinstance(parts[0], tf.TensorSpec)
+                    or any(part != parts[0] for part in parts)):
+                raise _Unknown
+            value_spec = parts[0]
+        if value_spec.shape.rank is None or not value_spec.shape[1:].is_fully_defined():
+            raise _Unknown
+        return value_spec
+
+    try:
+        return tf.nest.map_structure(one_replica, spec)
+    except _Unknown:
+        return None
+
+
+class _Unknown(Exception):
+    """A value whose batch shape its spec does not tell."""
+
+
 def _build_from_first_replica(self, iterator=None, data_batch=None):
     strategy = self._distribute_strategy
     if data_batch is None and iterator is not None and not _needs_a_batch(self):
@@ -55,6 +90,9 @@ def _build_from_first_replica(self, iterator=None, data_batch=None):
     example = epoch_input.example_batch_of(iterator) if data_batch is None else None
     if example is not None:  # sk.shard data: its shapes, without reading an example
         data_batch, iterator = example, None
+    elif (iterator is not None and strategy is not None and not is_multi_worker(strategy)
+          and (specs := _replica_batch_specs(iterator, strategy)) is not None):
+        data_batch, iterator = specs, None  # the shapes alone: no iterator started
     elif iterator is not None and strategy is not None and is_multi_worker(strategy):
         for _, _, batches in iterator:  # as upstream: the first batch of the first epoch
             batch = next(batches)

@@ -90,8 +90,8 @@ def test_plain_distributed_data_gets_one_iterator_per_epoch(make_strategy, itera
         model = bn_regressor()
     batches = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
     model.fit(batches, epochs=3, verbose=0)
-    assert len(iterators_made) == 1 + 3  # one to build the model, then one per epoch
-    assert len(released) == 1 + 3  # each to the reaper, when the next starts or fit() ends
+    assert len(iterators_made) == 3  # one per epoch (the model built from the specs)
+    assert len(released) == 3  # each to the reaper, when the next starts or fit() ends
     # Not waited for here: in a process shared with other tests the reaper's one thread
     # may still be busy deleting theirs (its deletions: the reaper tests below).
 
@@ -104,10 +104,28 @@ def test_a_built_model_starts_no_iterator_to_build_itself(make_strategy, iterato
     with strategy.scope():
         model = bn_regressor()
     model.fit(x, y, batch_size=16, epochs=3, validation_data=(x, y), verbose=0)
-    assert len(iterators_made) == 1 + 3 + 3  # to build it; then each epoch, each dataset
+    assert len(iterators_made) == 3 + 3  # each epoch, each dataset; built from the specs
     model.evaluate(x, y, batch_size=16, verbose=0)
     model.fit(x, y, batch_size=16, epochs=1, verbose=0)
-    assert len(iterators_made) == 7 + 1 + 1
+    assert len(iterators_made) == 6 + 1 + 1
+
+
+def test_data_whose_specs_leave_a_shape_unknown_builds_the_model_from_a_batch(
+        make_strategy, iterators_made):
+    import tensorflow as tf
+
+    strategy = make_strategy(2)
+    x, y = _regression_data(64)
+    unknown = tf.data.Dataset.from_generator(  # (None, None): the features' count unknown
+        lambda: iter([(x[i:i + 16], y[i:i + 16]) for i in range(0, 64, 16)]),
+        output_signature=(tf.TensorSpec((None, None)), tf.TensorSpec((None,))))
+    keras.utils.set_random_seed(0)
+    with strategy.scope():
+        model = keras.Sequential([keras.layers.Dense(1)])  # built from the data's shapes
+        model.compile("sgd", "mse")
+    model.fit(unknown, epochs=1, verbose=0)
+    assert model.layers[0].kernel.shape == (3, 1)
+    assert len(iterators_made) == 1 + 1  # a batch to build it from, then the epoch
 
 
 def _sync_bn_classifier(seed=0, steps_per_execution=1):
