@@ -18,10 +18,13 @@ step, iterator)`:
   The model is built from `source.example_batch()` (`multi_worker`'s
   `_maybe_symbolic_build` asks `example_batch_of`), so building reads no example.
 * **Other data under several replicas of one worker, of a known number of steps,
-  without `steps_per_epoch`**: one iterator per epoch, not two, and released on the
-  reaper's thread when the epoch ends.
+  without `steps_per_epoch`**: one iterator per epoch, not two, released to the
+  reaper's thread when the next epoch starts or the call ends.
 * Everything else (one replica, several workers, `steps_per_epoch`, an unknown number
-  of steps) goes to Keras's own code.
+  of steps) goes to Keras's own code. Under several replicas of one worker, the
+  iterators Keras makes there are deleted on the reaper's thread too: each when Keras
+  starts the next, the last when Keras's epoch iterator is deleted (at the end of the
+  call, or at a later garbage collection, which then waits for nothing).
 
 Each execution is `steps_per_execution.execution(...)`: of at most `steps_per_execution`
 steps and never past the epoch's end, and the last step Keras reports is the last run.
@@ -37,6 +40,7 @@ from strategykit.upstream.fix import CHECKED_ON, Fix, original, resolve
 
 _EPOCH_ITERATOR = "keras.src.backend.tensorflow.trainer:TFEpochIterator"
 _SOURCES = weakref.WeakKeyDictionary()
+_KERAS_ITERATORS = weakref.WeakKeyDictionary()  # a Keras epoch iterator: its _Reading
 
 
 def register(distributed, source) -> None:
@@ -67,15 +71,52 @@ def example_batch_of(epoch_iterator):
 
 
 def _enumerate_iterator(self):
+    strategy = self._distribute_strategy
+    several_replicas = strategy.num_replicas_in_sync > 1 and not is_multi_worker(strategy)
     if self.steps_per_epoch is None:
         source = source_of(self._distributed_dataset)
         if source is not None:
             return _epoch_of_source(self, source)
-        strategy = self._distribute_strategy
-        if (self._num_batches and strategy.num_replicas_in_sync > 1
-                and not is_multi_worker(strategy)):
+        if self._num_batches and several_replicas:
             return _epoch_of_new_iterator(self)
-    return original(resolve(_EPOCH_ITERATOR), "_enumerate_iterator")(self)
+    keras_epoch = original(resolve(_EPOCH_ITERATOR), "_enumerate_iterator")(self)
+    return _releasing_keras_iterators(self, keras_epoch) if several_replicas else keras_epoch
+
+
+def _releasing_keras_iterators(self, keras_epoch):
+    """Keras's own epoch; the reaper gets each iterator it reads when Keras starts the
+    next one (dropping this one), and the last when the epoch iterator is deleted."""
+    reading = _reading(self)
+    for execution in keras_epoch:
+        reading.read(execution[2])
+        yield execution
+
+
+def _reading(epoch_iterator) -> _Reading:
+    """The `_Reading` of a Keras epoch iterator, made at its first epoch."""
+    reading = _KERAS_ITERATORS.get(epoch_iterator)
+    if reading is None:
+        reading = _KERAS_ITERATORS[epoch_iterator] = _Reading()
+        weakref.finalize(epoch_iterator, reading.release).atexit = False
+    return reading
+
+
+class _Reading:
+    """The iterator a Keras epoch iterator reads now, held so that it is deleted on the
+    reaper's thread rather than where Keras drops it."""
+
+    def __init__(self):
+        self.iterator = None
+
+    def read(self, iterator) -> None:
+        if iterator is not self.iterator:
+            self.release()
+            self.iterator = iterator
+
+    def release(self) -> None:
+        if self.iterator is not None:
+            iterator_reaper.release(self.iterator)
+            self.iterator = None
 
 
 def _epoch_of_source(self, source):
@@ -93,11 +134,8 @@ def _epoch_of_source(self, source):
 def _epoch_of_new_iterator(self):
     self.data_adapter.on_epoch_begin()
     iterator = iter(self._get_iterator())
-    try:
-        yield from _executions(self, iterator, self._num_batches)
-    finally:
-        iterator_reaper.release(iterator)
-        del iterator
+    _reading(self).read(iterator)  # to the reaper when the next starts or self is deleted
+    yield from _executions(self, iterator, self._num_batches)
     self.data_adapter.on_epoch_end()
 
 

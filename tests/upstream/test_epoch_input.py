@@ -4,6 +4,7 @@ and deletes the iterators it is done with off the user's thread (`iterator_reape
 
 import threading
 import time
+import weakref
 
 import keras
 import numpy as np
@@ -221,3 +222,40 @@ def test_a_deletion_in_progress_ends_before_the_interpreter_exits(run_python, tm
         time.sleep(0.5)  # the reaper has started deleting it
     """)
     assert done.exists()
+
+
+@pytest.mark.parametrize("steps_per_epoch", [3, None])  # Keras's own loop, both ways
+def test_keras_own_iterators_are_deleted_on_the_reapers_thread(make_strategy, monkeypatch,
+                                                               steps_per_epoch):
+    import gc
+
+    import tensorflow as tf
+
+    reaper = iterator_reaper.IteratorReaper(name="test-reaper")  # not busy with others'
+    monkeypatch.setattr(iterator_reaper, "release", reaper.release)
+    made, deleted_on = [], []
+    for cls in (input_lib.DistributedDataset, input_lib.DistributedDatasetsFromFunction):
+        def noted(self, original=cls.__iter__):
+            iterator = original(self)
+            made.append(1)
+            weakref.finalize(iterator, lambda: deleted_on.append(
+                threading.current_thread().name))
+            return iterator
+
+        monkeypatch.setattr(cls, "__iter__", noted)
+    strategy = make_strategy(2)
+    x, y = _regression_data(64)
+    with strategy.scope():
+        model = bn_regressor()
+    # Repeated with steps_per_epoch: one iterator for the whole fit(); unknown length
+    # without it: Keras's loop reads until the data ends, a new iterator per epoch.
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
+    data = data.repeat() if steps_per_epoch else data.filter(lambda *_: True)
+    model.fit(data, epochs=2, steps_per_epoch=steps_per_epoch, verbose=0)
+    made_by_fit = len(made)
+    model.evaluate(data, steps=steps_per_epoch, verbose=0)
+    gc.collect()  # on this thread: deletes Keras's epoch iterators, not their iterators
+    assert reaper.wait_until_idle(timeout=120)
+    assert made_by_fit == (1 if steps_per_epoch else 2)
+    assert len(deleted_on) >= made_by_fit and set(deleted_on) == {"test-reaper"}
+    reaper.stop()
