@@ -46,7 +46,9 @@ class IteratorReaper:
     def __init__(self, name: str = "strategykit-iterator-reaper"):
         self.name = name
         self._held: list = []
-        self._lock = threading.Lock()
+        # Re-entrant: a garbage collection inside a locked section (any allocation can
+        # start one) may run a finalizer that releases an iterator on the same thread.
+        self._lock = threading.RLock()
         self._wake = threading.Event()
         self._thread = None
         self._deleting = 0  # taken off the list and being deleted

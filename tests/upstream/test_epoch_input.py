@@ -204,6 +204,23 @@ def test_released_iterators_are_deleted_on_the_reapers_thread():
     reaper.stop()
 
 
+def test_a_release_inside_the_reapers_own_lock_does_not_deadlock():
+    # A garbage collection can start inside any locked section of the reaper (an
+    # allocation) and run a finalizer that releases an iterator on that same thread.
+    reaper = iterator_reaper.IteratorReaper(name="test-reaper")
+
+    def release_while_locked():
+        with reaper._lock:
+            reaper.release(object())
+
+    thread = threading.Thread(target=release_while_locked, daemon=True)
+    thread.start()
+    thread.join(timeout=10)
+    assert not thread.is_alive(), "release() deadlocked on the reaper's lock"
+    assert reaper.wait_until_idle(timeout=10)
+    reaper.stop()
+
+
 def test_a_deletion_in_progress_ends_before_the_interpreter_exits(run_python, tmp_path):
     # A daemon thread coming back from TensorFlow after Python began to finalize is ended
     # inside TensorFlow's C++ code, which aborts the process (exit code 134): the reaper
