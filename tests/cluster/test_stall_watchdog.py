@@ -35,7 +35,9 @@ class Fault(keras.callbacks.Callback):
         self.epoch = epoch
 
     def on_train_batch_begin(self, batch, logs=None):
-        if worker == 1 and (self.epoch, batch) == (1, 1):
+        # Inside the first epoch: on a loaded machine an epoch's end and the next one's
+        # start can take longer than the test's 4 s, which the watch rightly reports.
+        if worker == 1 and (self.epoch, batch) == (0, 2):
             print(f"fault at {time.time()}", file=sys.stderr, flush=True)
             if how == "die":
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -58,7 +60,7 @@ def test_a_stuck_peer_ends_the_job_after_the_hang_timeout(tmp_path):
     ended = time.time()
     assert [f.returncode for f in finished] != [0, 0]
     assert finished[1].returncode == 124, finished[1].stderr[-3000:]
-    assert ("strategykit: worker 1 made no progress for 4 s (last step 1 of epoch 2): this "
+    assert ("strategykit: worker 1 made no progress for 4 s (last step 2 of epoch 1): this "
             "worker or a peer is stuck. Exiting with code 124") in finished[1].stderr
     assert finished[0].returncode != 0  # its own watch, or the stuck peer's exit
     assert ended - _fault_time(finished) < 4 + 40

@@ -431,8 +431,19 @@ def test_augmentation_seeds_differ_per_replica_and_repeat_with_the_seed(make_str
 
 
 # Sizes and global batches of the tests above: a final batch of 2 (of 4 or 8), one
-# smaller than the replicas, a single example, exact multiples.
-STEP_CASES = [(10, 4), (1, 8), (3, 8), (10, 8), (14, 8), (16, 8), (18, 8), (50, 16)]
+# smaller than the replicas, a single example, exact multiples; with the number of steps
+# each makes when the final batch is padded, split over 4 replicas (a remainder smaller
+# than the replicas joins the batch before it), and dropped. Split over 1 or 2 replicas,
+# every remainder here keeps its own step, as padded.
+STEP_CASES = {(10, 4): (3, 2, 2), (1, 8): (1, 1, 0), (3, 8): (1, 1, 0), (10, 8): (2, 1, 1),
+              (14, 8): (2, 2, 1), (16, 8): (2, 2, 2), (18, 8): (3, 2, 2), (50, 16): (4, 3, 3)}
+
+
+def _expected_steps(case, remainder, replicas):
+    padded, split_on_4, dropped = STEP_CASES[case]
+    if remainder == "split" and replicas == 4:
+        return split_on_4
+    return dropped if remainder == "drop" else padded
 
 
 @pytest.mark.parametrize("source", ["numpy", "tf.data", "fn"])
@@ -440,7 +451,9 @@ STEP_CASES = [(10, 4), (1, 8), (3, 8), (10, 8), (14, 8), (16, 8), (18, 8), (50, 
 @pytest.mark.parametrize("remainder", ["pad", "split", "drop"])
 def test_keras_is_told_the_number_of_steps(make_strategy, source, replicas, remainder):
     # Keras reads `cardinality` as the number of steps (its progress bar's N/N); when it
-    # is unknown or wrong, Keras warns "Your input ran out of data" at every end.
+    # is unknown or wrong, Keras warns "Your input ran out of data" at every end. The
+    # steps are hand-written; the test below reads them, so this one starts no
+    # distributed iterator in its 27 cases.
     strategy = make_strategy(replicas)
     for size, batch in STEP_CASES:
         if remainder == "drop" and size < batch:
@@ -450,8 +463,19 @@ def test_keras_is_told_the_number_of_steps(make_strategy, source, replicas, rema
                 "fn": lambda context, ids=ids: tf.data.Dataset.from_tensor_slices((ids, ids))}
         ds = sk.shard(data[source], strategy, global_batch_size=batch,
                       drop_remainder=remainder == "drop", pad_remainder=remainder == "pad")
-        steps = len(sk.replica_batches(ds, strategy))
-        assert int(ds.cardinality) == steps, (size, batch)
+        expected = _expected_steps((size, batch), remainder, replicas)
+        assert int(ds.cardinality) == expected, (size, batch)
+
+
+@pytest.mark.parametrize("replicas", [2, 4])
+def test_the_hand_written_steps_are_the_steps_each_replica_reads(make_strategy, replicas):
+    strategy = make_strategy(replicas)
+    for size, batch in STEP_CASES:
+        for remainder in ("pad", "split"):
+            ds = sk.shard(np.arange(size), strategy, global_batch_size=batch,
+                          pad_remainder=remainder == "pad")
+            steps = len(sk.replica_batches(ds, strategy))
+            assert steps == _expected_steps((size, batch), remainder, replicas), (size, batch)
 
 
 def test_evaluate_predict_and_fit_run_every_step_without_warnings(make_strategy, capsys):
