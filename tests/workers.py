@@ -2,7 +2,8 @@
 
 `run_workers(source, workers=N)` runs a Python script as N worker processes, each with
 its `TF_CONFIG` on free loopback ports (as `strategykit launch` gives it) and its own
-process group. When any worker is
+process group, forked from a server that has imported TensorFlow already
+(`forked_workers`: that import costs about 8 s of CPU a process here). When any worker is
 still running after `timeout` seconds, every worker's whole process group is killed
 (a collective whose peer died waits forever otherwise) and the test fails with every
 worker's output.
@@ -13,13 +14,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import signal
-import subprocess
-import sys
+import tempfile
 import textwrap
 import time
 
-from strategykit.cluster.launch import signal_groups
+from forked_workers import forks
+
 from strategykit.cluster.worker_env import free_ports, worker_env
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -46,48 +48,59 @@ def run_workers(source: str, workers: int = 2, *, args=(), timeout: float = 240,
                 env: dict | None = None, tmp_path=None, check: bool = True) -> list[Finished]:
     """Runs `source` (Python, dedented) as `workers` worker processes; returns them ended.
 
-    The script can `import` the test modules (every test folder is on its path). With
-    `check`, a worker that exits non-zero fails the test with its output.
+    The script can `import` the test modules (every test folder is on its path). The
+    workers are forked from this test process's fork server (`forked_workers`), which
+    has imported TensorFlow already. With `check`, a worker that exits non-zero fails
+    the test with its output.
     """
-    script = os.path.join(str(tmp_path or TESTS), f"worker_{os.getpid()}_{time.time_ns()}.py")
+    folder = str(tmp_path) if tmp_path is not None else tempfile.mkdtemp(prefix="workers-")
+    script = os.path.join(folder, f"worker_{os.getpid()}_{time.time_ns()}.py")
     with open(script, "w") as file:
         file.write(f"import sys\nsys.path[:0] = {TEST_PATHS!r}\n" + textwrap.dedent(source))
     ports = free_ports(workers)
-    processes = []
+    server = forks()
+    pids: list[int] = []
+    outputs = [(f"{script}.{index}.out", f"{script}.{index}.err") for index in range(workers)]
     try:
         for index in range(workers):
             base = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
-            processes.append(subprocess.Popen(
-                [sys.executable, script, *map(str, args)], text=True,
-                env=worker_env(index, 0, ports, None, base),
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True))
+            pids.append(server.start(script, args, worker_env(index, 0, ports, None, base),
+                                     *outputs[index]))
         deadline = time.monotonic() + timeout
-        outputs = []
-        for process in processes:
-            try:
-                outputs.append(process.communicate(timeout=max(1, deadline - time.monotonic())))
-            except subprocess.TimeoutExpired:
-                _kill(processes)
-                details = [p.communicate() for p in processes]
-                raise AssertionError(f"workers still running after {timeout} s, killed:\n"
-                                     + _describe(processes, details)) from None
+        returncodes = [server.wait(pid, deadline) for pid in pids]
     finally:
-        _kill(processes)
-        if tmp_path is None:
-            os.remove(script)
-    finished = [Finished(i, p.returncode, out, err)
-                for i, (p, (out, err)) in enumerate(zip(processes, outputs))]
+        _kill(pids)  # never leave a worker waiting in a collective
+    if None in returncodes:
+        returncodes = [server.wait(pid, time.monotonic() + 30) if code is None else code
+                       for pid, code in zip(pids, returncodes)]
+        raise AssertionError(f"workers still running after {timeout} s, killed:\n"
+                             + _describe(_finished(returncodes, outputs)))
+    finished = _finished(returncodes, outputs)
+    if tmp_path is None:
+        shutil.rmtree(folder, ignore_errors=True)
     if check and any(f.returncode != 0 for f in finished):
-        raise AssertionError("a worker failed:\n" + _describe(processes, outputs))
+        raise AssertionError("a worker failed:\n" + _describe(finished))
     return finished
 
 
-def _kill(processes) -> None:
-    signal_groups(processes, signal.SIGKILL)
-    for process in processes:
-        process.wait()
+def _finished(returncodes, outputs) -> list[Finished]:
+    texts = []
+    for out, err in outputs:
+        texts.append(tuple(open(path).read() if os.path.exists(path) else ""
+                           for path in (out, err)))
+    return [Finished(i, code, out, err)
+            for i, (code, (out, err)) in enumerate(zip(returncodes, texts))]
 
 
-def _describe(processes, outputs) -> str:
-    return "\n".join(f"--- worker {i} (exit {p.returncode}):\n{out[-2000:]}\n{err[-4000:]}"
-                     for i, (p, (out, err)) in enumerate(zip(processes, outputs)))
+def _kill(pids) -> None:
+    """SIGKILL to each worker's process group (a group that is gone is skipped)."""
+    for pid in pids:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _describe(finished) -> str:
+    return "\n".join(f"--- worker {f.index} (exit {f.returncode}):\n{f.stdout[-2000:]}\n"
+                     f"{f.stderr[-4000:]}" for f in finished)
