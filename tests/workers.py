@@ -48,24 +48,36 @@ def run_workers(source: str, workers: int = 2, *, args=(), timeout: float = 240,
                 env: dict | None = None, tmp_path=None, check: bool = True) -> list[Finished]:
     """Runs `source` (Python, dedented) as `workers` worker processes; returns them ended.
 
-    The script can `import` the test modules (every test folder is on its path). The
-    workers are forked from this test process's fork server (`forked_workers`), which
-    has imported TensorFlow already. With `check`, a worker that exits non-zero fails
-    the test with its output.
+    The script can `import` the test modules (every test folder is on its path). With
+    `check`, a worker that exits non-zero fails the test with its output.
     """
     folder = str(tmp_path) if tmp_path is not None else tempfile.mkdtemp(prefix="workers-")
     script = os.path.join(folder, f"worker_{os.getpid()}_{time.time_ns()}.py")
     with open(script, "w") as file:
         file.write(f"import sys\nsys.path[:0] = {TEST_PATHS!r}\n" + textwrap.dedent(source))
     ports = free_ports(workers)
+    base = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
+    envs = [worker_env(index, 0, ports, None, base) for index in range(workers)]
+    try:
+        return run_processes(script, envs, args=args, timeout=timeout, check=check)
+    finally:
+        if tmp_path is None:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def run_processes(script: str, envs: list[dict], *, args=(), timeout: float = 240,
+                  check: bool = True) -> list[Finished]:
+    """Runs `python script args...` once per environment of `envs`, each in a session of
+    its own, forked from this test process's fork server (`forked_workers`, which has
+    imported TensorFlow already); returns them ended, their output read from files
+    beside `script`. When any is still running after `timeout` seconds, every one's
+    process group is killed and the test fails with their output."""
     server = forks()
     pids: list[int] = []
-    outputs = [(f"{script}.{index}.out", f"{script}.{index}.err") for index in range(workers)]
+    outputs = [(f"{script}.{index}.out", f"{script}.{index}.err") for index in range(len(envs))]
     try:
-        for index in range(workers):
-            base = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
-            pids.append(server.start(script, args, worker_env(index, 0, ports, None, base),
-                                     *outputs[index]))
+        for env, (out, err) in zip(envs, outputs):
+            pids.append(server.start(script, args, env, out, err))
         deadline = time.monotonic() + timeout
         returncodes = [server.wait(pid, deadline) for pid in pids]
     finally:
@@ -76,8 +88,6 @@ def run_workers(source: str, workers: int = 2, *, args=(), timeout: float = 240,
         raise AssertionError(f"workers still running after {timeout} s, killed:\n"
                              + _describe(_finished(returncodes, outputs)))
     finished = _finished(returncodes, outputs)
-    if tmp_path is None:
-        shutil.rmtree(folder, ignore_errors=True)
     if check and any(f.returncode != 0 for f in finished):
         raise AssertionError("a worker failed:\n" + _describe(finished))
     return finished

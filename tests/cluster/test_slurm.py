@@ -7,12 +7,8 @@ runtime, so those tests run in-process; strategies across workers run in subproc
 
 import json
 import os
-import signal
 import socket
 import stat
-import subprocess
-import sys
-import time
 
 import pytest
 import tensorflow as tf
@@ -20,6 +16,8 @@ import tensorflow as tf
 import strategykit as sk
 from strategykit.cluster import slurm
 from strategykit.cluster.roles import is_chief, worker_index
+
+from workers import run_processes
 
 SlurmClusterResolver = tf.distribute.cluster_resolver.SlurmClusterResolver
 _PATH = os.environ.get("PATH", "")  # before the tests below empty it
@@ -433,33 +431,10 @@ def test_two_slurm_tasks_all_reduce_across_processes(tmp_path):
         "SLURM_STEP_TASKS_PER_NODE": "2", "SLURM_STEP_NUM_NODES": "1", "SLURM_NODEID": "0",
         "SLURMD_NODENAME": "localhost", "SLURM_JOB_ID": "1234", "SLURM_STEP_ID": "0",
     })
-    workers, logs = [], []
-    try:
-        for task in range(2):
-            out, err = tmp_path / f"out{task}.txt", tmp_path / f"err{task}.txt"
-            logs.append((out, err))
-            env = {**base, "SLURM_PROCID": str(task), "SLURM_LOCALID": str(task)}
-            with open(out, "w") as stdout, open(err, "w") as stderr:
-                workers.append(subprocess.Popen(
-                    [sys.executable, str(script)], env=env, stdout=stdout, stderr=stderr,
-                    start_new_session=True,
-                ))
-        deadline = time.monotonic() + 120
-        for worker in workers:
-            try:
-                worker.wait(timeout=max(1.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pytest.fail(f"SLURM workers did not finish in 120 s:\n"
-                            f"{[err.read_text()[-2000:] for _, err in logs]}")
-    finally:  # a collective whose peer died waits forever: never leave one behind
-        for worker in workers:
-            if worker.poll() is None:
-                os.killpg(worker.pid, signal.SIGKILL)
-                worker.wait()
-    for worker, (_, err) in zip(workers, logs):
-        assert worker.returncode == 0, err.read_text()[-3000:]
-    for task, (out, _) in enumerate(logs):
-        report = json.loads(out.read_text().strip().splitlines()[-1])
+    envs = [{**base, "SLURM_PROCID": str(task), "SLURM_LOCALID": str(task)} for task in range(2)]
+    finished = run_processes(str(script), envs, timeout=120)
+    for task, worker in enumerate(finished):
+        report = worker.last_json()
         assert report["multi_worker"] is True
         assert report["replicas"] == 2
         assert report["total"] == 1.0 + 2.0

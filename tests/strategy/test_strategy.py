@@ -1,8 +1,4 @@
 import json
-import os
-import socket
-import subprocess
-import sys
 
 import keras
 import numpy as np
@@ -13,6 +9,7 @@ import strategykit as sk
 from strategykit.strategy import build as strategy_module
 
 from conftest import cpu_devices
+from workers import run_workers
 
 
 def replica_ids_summed(strategy) -> float:
@@ -210,46 +207,23 @@ def test_from_env_rejects_cross_device_ops_that_do_not_span_workers(monkeypatch)
         sk.from_env(cross_device_ops="reduce_to_one_device")
 
 
-def free_ports(count):
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("localhost", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
 def test_from_env_with_two_workers_all_reduces_across_processes(tmp_path):
     # Two real worker processes on this machine. Each contributes its own value, so the
     # result is only right if the all-reduce really spans both processes. (Keras 3
     # `fit()` itself does not run under MultiWorkerMirroredStrategy yet: keras#20585.)
-    cluster = {"worker": [f"localhost:{port}" for port in free_ports(2)]}
-    script = tmp_path / "worker.py"
-    script.write_text(
-        "import json, os, tensorflow as tf, strategykit as sk\n"
-        "strategy = sk.from_env()\n"
-        "index = json.loads(os.environ['TF_CONFIG'])['task']['index']\n"
-        "@tf.function\n"
-        "def step():\n"
-        "    context = tf.distribute.get_replica_context()\n"
-        "    return context.all_reduce('sum', tf.constant(10.0 ** index))\n"
-        "total = strategy.experimental_local_results(strategy.run(step))[0]\n"
-        "print(json.dumps({'describe': sk.describe(strategy), 'total': float(total)}))\n"
-    )
-    workers = []
-    for index in range(2):
-        config = {"cluster": cluster, "task": {"type": "worker", "index": index}}
-        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "TF_CONFIG": json.dumps(config)}
-        workers.append(subprocess.Popen(
-            [sys.executable, str(script)], env=env, text=True,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        ))
-    outputs = [worker.communicate(timeout=300) for worker in workers]
-    for worker, (_, err) in zip(workers, outputs):
-        assert worker.returncode == 0, err[-3000:]
-    for out, _ in outputs:
-        report = json.loads(out.strip().splitlines()[-1])
+    finished = run_workers("""
+        import json, os, tensorflow as tf, strategykit as sk
+        strategy = sk.from_env()
+        index = json.loads(os.environ['TF_CONFIG'])['task']['index']
+        @tf.function
+        def step():
+            context = tf.distribute.get_replica_context()
+            return context.all_reduce('sum', tf.constant(10.0 ** index))
+        total = strategy.experimental_local_results(strategy.run(step))[0]
+        print(json.dumps({'describe': sk.describe(strategy), 'total': float(total)}))
+    """, 2, tmp_path=tmp_path)
+    for worker in finished:
+        report = worker.last_json()
         assert report["total"] == 1.0 + 10.0
         assert report["describe"]["strategy"] == "MultiWorkerMirroredStrategy"
         assert report["describe"]["workers"] == 2
