@@ -111,23 +111,26 @@ def make_strategy():
 
 @pytest.fixture
 def run_python(tmp_path):
-    """Runs Python source in a fresh process; returns the CompletedProcess.
+    """Runs Python source in a process of its own; returns the CompletedProcess.
 
-    The process starts without the suite's logical devices, so it sees the machine as a
-    user's script does. Raises AssertionError with the output when it fails, unless
-    `check=False`.
+    The process has not started TensorFlow's runtime (no device list, no context) and has
+    none of the suite's logical devices, so it sees the machine as a user's script does
+    before its first TensorFlow call. It is forked from the test process's fork server
+    (`forked_workers`), which has imported TensorFlow, Keras and strategykit already: a
+    process started the ordinary way spends about 8 s of CPU on that here. Raises
+    AssertionError with the output when it fails, unless `check=False`, or when it runs
+    longer than `timeout` seconds (its process group is killed).
     """
+    from workers import run_processes
 
     def run(source: str, *, check: bool = True, env: dict | None = None, timeout: int = 300):
         script = tmp_path / "script.py"
         script.write_text(textwrap.dedent(source))
         full_env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
-        result = subprocess.run(
-            [sys.executable, str(script)], capture_output=True, text=True,
-            env=full_env, timeout=timeout,
-        )
-        if check and result.returncode != 0:
-            raise AssertionError(f"script failed:\n{result.stdout}\n{result.stderr}")
-        return result
+        [ended] = run_processes(str(script), [full_env], timeout=timeout, check=False)
+        if check and ended.returncode != 0:
+            raise AssertionError(f"script failed:\n{ended.stdout}\n{ended.stderr}")
+        return subprocess.CompletedProcess([sys.executable, str(script)], ended.returncode,
+                                           ended.stdout, ended.stderr)
 
     return run
