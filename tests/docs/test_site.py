@@ -3,7 +3,8 @@ docstring example runs.
 
 The site is built once per test session (`mkdocs build --strict`, the build that
 .github/workflows/docs.yml publishes), in a fresh process, into a temporary folder; the
-docstring examples run in one more process (`pytest --doctest-modules strategykit`).
+docstring examples run in one more process (`pytest --doctest-modules strategykit`, forked
+from the test process's fork server).
 """
 
 import fcntl
@@ -16,6 +17,8 @@ import sys
 import zlib
 
 import pytest
+
+from workers import run_processes
 
 import strategykit
 from strategykit import callbacks
@@ -99,13 +102,16 @@ def test_every_public_name_has_a_reference_entry(site):
     assert not elsewhere, f"documented outside docs/reference/: {elsewhere}"
 
 
-def test_every_docstring_example_runs():
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", "--doctest-modules", "strategykit", "-q",
-         "-p", "no:xdist", "-p", "no:benchmark", "-p", "no:cacheprovider", "-o", "addopts="],
-        cwd=ROOT, env=_environment(), capture_output=True, text=True,
-        timeout=BUILD_TIMEOUT,
-    )
+def test_every_docstring_example_runs(tmp_path):
+    # Forked from the fork server (TensorFlow imported, its runtime not started), as a
+    # fresh `python -m pytest --doctest-modules strategykit` would run them.
+    script = tmp_path / "doctests.py"
+    script.write_text(f"""import os, sys, pytest
+os.chdir({str(ROOT)!r})
+sys.exit(pytest.main(["--doctest-modules", "strategykit", "-q", "-p", "no:xdist",
+                      "-p", "no:benchmark", "-p", "no:cacheprovider", "-o", "addopts="]))
+""")
+    [run] = run_processes(str(script), [_environment()], timeout=BUILD_TIMEOUT, check=False)
     failed = run.returncode != 0
     assert not failed, "a docstring example failed:\n" + run.stdout[-6000:]
     passed = re.search(r"(\d+) passed", run.stdout)
