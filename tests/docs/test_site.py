@@ -18,10 +18,10 @@ import zlib
 
 import pytest
 
-from workers import run_processes
-
 import strategykit
 from strategykit import callbacks
+
+from workers import run_processes
 
 ROOT = pathlib.Path(__file__).parents[2]
 BUILD_TIMEOUT = 600
