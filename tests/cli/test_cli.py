@@ -1,6 +1,7 @@
 import json
 import os
 import re
+import runpy
 import subprocess
 import sys
 
@@ -53,26 +54,68 @@ def test_info_rejects_a_replica_count_that_is_not_positive(capsys, value):
     assert f"must be a positive integer, received '{value}'" in capsys.readouterr().err
 
 
-def test_installed_command_shows_four_replicas_on_a_machine_without_gpus():
-    # A fresh process, as a user runs it: the command itself splits the CPU.
-    result = subprocess.run(
-        [sys.executable, "-m", "strategykit.cli", "info", "--replicas", "4", "--json"],
-        capture_output=True, text=True, timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert json.loads(result.stdout)["strategy"]["replicas"] == 4
+# Fresh processes, as a user runs the command. Each one that imports TensorFlow costs about
+# 9 s of CPU: the module's fixtures below run once per test process and serve two tests.
+
+SETTINGS = """
+import logging, os
+before = os.fstat(2)
+{imports}
+print(os.environ.get("TF_CPP_MIN_LOG_LEVEL"), os.fstat(2) == before,
+      logging.getLogger("tensorflow").level, logging.getLogger().level)
+"""
 
 
-def test_the_command_prints_no_tensorflow_log_line_unless_verbose():
-    quiet = run_fresh("-m", "strategykit_console", "info", "--replicas", "2")
-    assert quiet.returncode == 0, quiet.stderr[-3000:]
-    assert "Replicas           2" in quiet.stdout
-    assert tf_log_lines(quiet) == []
+@pytest.fixture(scope="module")
+def quiet_info():
+    """`strategykit info --replicas 4 --json` through the installed command's entry point
+    (`strategykit_console:main`) in a fresh process with no logging variables."""
+    return run_fresh("-m", "strategykit_console", "info", "--replicas", "4", "--json")
+
+
+@pytest.fixture(scope="module")
+def tensorflow_alone():
+    """A fresh process with no logging variables that imports TensorFlow and runs an op:
+    what TensorFlow prints by itself, and the logging settings it leaves (`SETTINGS`)."""
+    return run_fresh("-c", SETTINGS.format(imports="import tensorflow as tf; tf.constant(1)"))
+
+
+def test_installed_command_shows_four_replicas_on_a_machine_without_gpus(quiet_info):
+    # A fresh process, as a user runs it: the command itself splits the CPU. The same run
+    # shows no TensorFlow log line: the next test.
+    assert quiet_info.returncode == 0, quiet_info.stderr[-3000:]
+    assert json.loads(quiet_info.stdout)["strategy"]["replicas"] == 4
+
+
+def test_the_command_prints_no_tensorflow_log_line_unless_verbose(quiet_info, tensorflow_alone):
+    # Quiet: the run the test above reads, on every line of its stdout and stderr.
+    assert quiet_info.returncode == 0, quiet_info.stderr[-3000:]
+    assert json.loads(quiet_info.stdout)["strategy"]["replicas"] == 4
+    assert tf_log_lines(quiet_info) == []
     # The control: where TensorFlow logs at all, --verbose shows it as TensorFlow prints.
-    if tf_log_lines(run_fresh("-c", "import tensorflow as tf; tf.constant(1)")):
+    if tf_log_lines(tensorflow_alone):
         verbose = run_fresh("-m", "strategykit_console", "info", "--verbose")
         assert verbose.returncode == 0
         assert tf_log_lines(verbose)
+
+
+def test_importing_the_library_changes_no_logging_setting(tensorflow_alone):
+    # Against TensorFlow alone, which runs an op as the library's strategy does: the
+    # control of the test above (its settings are those of a bare `import tensorflow`).
+    library = run_fresh("-c", SETTINGS.format(
+        imports="import strategykit as sk; sk.mirrored(replicas=2)"))
+    assert library.stdout.split()[:2] == ["None", "True"]
+    assert library.stdout == tensorflow_alone.stdout
+
+
+def test_python_m_strategykit_cli_runs_the_command(monkeypatch, capsys):
+    # `python -m strategykit.cli`, the command without its console script: its `__main__`
+    # runs here; the installed command's fresh process above shows how a user's runs.
+    monkeypatch.setattr(sys, "argv", ["strategykit", "info", "--replicas", "2", "--json"])
+    with pytest.raises(SystemExit) as exit:
+        runpy.run_module("strategykit.cli", run_name="__main__")
+    assert exit.value.code == 0
+    assert json.loads(capsys.readouterr().out)["strategy"]["replicas"] == 2
 
 
 def test_the_filter_keeps_every_other_line_of_stderr():
@@ -85,20 +128,3 @@ def test_the_filter_keeps_every_other_line_of_stderr():
     """)
     assert result.stderr == "kept 1\nkept 2"
     assert result.stdout == "out\n"
-
-
-SETTINGS = """
-import logging, os
-before = os.fstat(2)
-{imports}
-print(os.environ.get("TF_CPP_MIN_LOG_LEVEL"), os.fstat(2) == before,
-      logging.getLogger("tensorflow").level, logging.getLogger().level)
-"""
-
-
-def test_importing_the_library_changes_no_logging_setting():
-    plain = run_fresh("-c", SETTINGS.format(imports="import tensorflow"))
-    library = run_fresh("-c", SETTINGS.format(
-        imports="import strategykit as sk; sk.mirrored(replicas=2)"))
-    assert library.stdout.split()[:2] == ["None", "True"]
-    assert library.stdout == plain.stdout

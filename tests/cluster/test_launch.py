@@ -599,21 +599,22 @@ _TF_LOG_LINE = re.compile(r"^\[worker \d\] ([IWEF]\d{4} |WARNING: All log messag
                           re.MULTILINE)
 
 
-def test_workers_print_no_tensorflow_log_lines_unless_verbose(tmp_path):
+def test_with_verbose_workers_print_their_tensorflow_log_lines(tmp_path):
     # Importing TensorFlow and running an op prints C++ log lines (oneDNN, CUDA) that
-    # TF_CPP_MIN_LOG_LEVEL alone does not silence; the launcher drops them as the
-    # strategykit command itself does, and --verbose shows them.
+    # TF_CPP_MIN_LOG_LEVEL alone does not silence; --verbose shows them as a worker prints
+    # them. Without --verbose the launcher drops them, as the strategykit command itself
+    # does: tests/guides/test_examples.py checks that in its run of the multi-worker example
+    # (2 workers that import TensorFlow and train), and three_workers above that the
+    # launcher keeps every other line of a worker's stderr. One worker is enough here: each
+    # fresh process that imports TensorFlow costs about 9 s of CPU.
     job = Job(tmp_path)
     job.worker("""
         import tensorflow as tf
         print("sum", int(tf.constant(1) + 1), file=sys.stderr)
     """)
-    quiet = job.run("--workers", "2")
-    assert quiet.returncode == 0, quiet.stderr
-    assert quiet.stderr.count("] sum 2\n") == 2
-    assert not _TF_LOG_LINE.search(quiet.stderr), quiet.stderr
-    verbose = job.run("--verbose", "--workers", "2")
+    verbose = job.run("--verbose", "--workers", "1")
     assert verbose.returncode == 0, verbose.stderr
+    assert verbose.stderr.count("[worker 0] sum 2\n") == 1
     assert _TF_LOG_LINE.search(verbose.stderr), verbose.stderr
 
 
