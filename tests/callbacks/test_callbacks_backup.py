@@ -2,9 +2,11 @@
 backup torn by a kill is never read. Across worker processes: tests/test_launch_resume.py.
 """
 
+import functools
 import json
 import os
 import re
+import shutil
 import signal
 import warnings
 
@@ -14,6 +16,8 @@ import pytest
 
 import strategykit as sk
 from strategykit.callbacks import preemption
+
+from conftest import bn_regressor, cpu_devices
 
 EPOCHS = 6
 
@@ -46,8 +50,6 @@ def _data(examples=64):
 
 
 def _fit(strategy, callbacks, epochs=EPOCHS, sync_bn=False, examples=64, seed=None):
-    from conftest import bn_regressor
-
     with strategy.scope():
         model = bn_regressor()
         if sync_bn:
@@ -64,14 +66,23 @@ def _fit(strategy, callbacks, epochs=EPOCHS, sync_bn=False, examples=64, seed=No
     return model
 
 
-def _assert_same_weights(model, reference, tolerance=1e-6):
-    for weights, expected in zip(model.get_weights(), reference.get_weights()):
+@functools.cache
+def _uninterrupted(replicas, **run):
+    """The weights after `_fit(**run)` on `replicas` replicas without callbacks.
+
+    Computed once per run in a test process: several tests resume that same run.
+    """
+    return _fit(sk.mirrored(cpu_devices(replicas)), [], **run).get_weights()
+
+
+def _assert_same_weights(model, reference_weights, tolerance=1e-6):
+    for weights, expected in zip(model.get_weights(), reference_weights):
         np.testing.assert_allclose(weights, expected, rtol=tolerance, atol=tolerance)
 
 
 def test_resumes_after_the_last_completed_epoch(make_strategy, tmp_path):
     strategy = make_strategy(2)
-    uninterrupted = _fit(strategy, [])
+    uninterrupted = _uninterrupted(2)
     backup = sk.callbacks.BackupAndRestore(tmp_path / "backup")
     with pytest.raises(KeyboardInterrupt):
         _fit(strategy, [backup, _Interrupt(3)])
@@ -88,7 +99,7 @@ def test_a_backup_resumes_exactly_on_another_number_of_replicas(
         make_strategy, tmp_path, written_on, resumed_on):
     # The same global batch of 16 on every number of replicas; synchronized batch norm
     # normalizes over all 16 whatever the split, so the steps' arithmetic is the same.
-    uninterrupted = _fit(make_strategy(2), [], sync_bn=True)
+    uninterrupted = _uninterrupted(2, sync_bn=True)
     with pytest.raises(KeyboardInterrupt):
         _fit(make_strategy(written_on), [sk.callbacks.BackupAndRestore(tmp_path / "b"),
                                          _Interrupt(3)], sync_bn=True)
@@ -102,10 +113,20 @@ def test_a_backup_resumes_exactly_on_another_number_of_replicas(
     _assert_same_weights(resumed, uninterrupted, tolerance=1e-5)
 
 
-def test_resuming_unsynchronized_batch_norm_on_other_replicas_warns_once(
-        make_strategy, tmp_path):
+@pytest.fixture(scope="module")
+def backup_of_two_epochs(tmp_path_factory):
+    """A backup of a run on 2 replicas interrupted at the start of epoch 2, written once
+    for the tests that resume it (each on a copy: a finished resume deletes it)."""
+    backup_dir = tmp_path_factory.mktemp("backup") / "b"
     with pytest.raises(KeyboardInterrupt):
-        _fit(make_strategy(2), [sk.callbacks.BackupAndRestore(tmp_path / "b"), _Interrupt(2)])
+        _fit(sk.mirrored(cpu_devices(2)),
+             [sk.callbacks.BackupAndRestore(backup_dir), _Interrupt(2)])
+    return backup_dir
+
+
+def test_resuming_unsynchronized_batch_norm_on_other_replicas_warns_once(
+        make_strategy, tmp_path, backup_of_two_epochs):
+    shutil.copytree(backup_of_two_epochs, tmp_path / "b")
     with pytest.warns(UserWarning) as caught:
         _fit(make_strategy(4), [sk.callbacks.BackupAndRestore(tmp_path / "b")])
     inexact = _inexact(caught)
@@ -119,9 +140,9 @@ def test_resuming_unsynchronized_batch_norm_on_other_replicas_warns_once(
         r"sk\.convert_sync_batchnorm\(model\)\.", inexact[0]), inexact[0]
 
 
-def test_resuming_on_the_same_replicas_does_not_warn(make_strategy, tmp_path):
-    with pytest.raises(KeyboardInterrupt):
-        _fit(make_strategy(2), [sk.callbacks.BackupAndRestore(tmp_path / "b"), _Interrupt(2)])
+def test_resuming_on_the_same_replicas_does_not_warn(make_strategy, tmp_path,
+                                                     backup_of_two_epochs):
+    shutil.copytree(backup_of_two_epochs, tmp_path / "b")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         _fit(make_strategy(2), [sk.callbacks.BackupAndRestore(tmp_path / "b")])
@@ -135,7 +156,7 @@ def _inexact(caught) -> list[str]:
 
 def test_a_backup_torn_by_a_kill_is_never_read(make_strategy, tmp_path, monkeypatch):
     strategy = make_strategy(2)
-    uninterrupted = _fit(strategy, [])
+    uninterrupted = _uninterrupted(2)
     save_weights = keras.Model.save_weights
 
     def killed_while_writing(model, filepath, *args, **kwargs):
@@ -214,7 +235,7 @@ def test_sigterm_backs_up_the_step_and_a_rerun_goes_on_from_the_next(make_strate
     # with momentum. SIGTERM during step 3 of epoch 1: back up after step 3, exit 42.
     strategy = make_strategy(2)
     run = dict(epochs=3, sync_bn=True, examples=96, seed=5)
-    uninterrupted = _fit(strategy, [], **run)
+    uninterrupted = _uninterrupted(2, **run)
     backup = sk.callbacks.BackupAndRestore(tmp_path / "b")
     with pytest.raises(SystemExit) as exited:
         _fit(strategy, [_Sigterm(epoch=1, step=3), backup], **run)
@@ -234,14 +255,15 @@ def test_sigterm_backs_up_the_step_and_a_rerun_goes_on_from_the_next(make_strate
 
 def test_a_save_freq_backup_resumes_at_the_next_step(make_strategy, tmp_path):
     strategy = make_strategy(2)
-    run = dict(epochs=2, sync_bn=True, examples=96, seed=5)
-    uninterrupted = _fit(strategy, [], **run)
+    # The sigterm test's run (3 epochs), so that their uninterrupted run is computed once.
+    run = dict(epochs=3, sync_bn=True, examples=96, seed=5)
+    uninterrupted = _uninterrupted(2, **run)
     with pytest.raises(KeyboardInterrupt):  # backed up after step 4 of epoch 0
         _fit(strategy, [sk.callbacks.BackupAndRestore(tmp_path / "b", save_freq=4),
                         _Interrupt(1)], **run)
     steps = _Steps()
     resumed = _fit(strategy, [sk.callbacks.BackupAndRestore(tmp_path / "b"), steps], **run)
-    assert steps.seen == {0: 2, 1: 6}
+    assert steps.seen == {0: 2, 1: 6, 2: 6}
     _assert_same_weights(resumed, uninterrupted, tolerance=1e-5)
 
 

@@ -110,7 +110,10 @@ def test_model_fn_must_return_a_compiled_model():
 # The net of issue 12: a DeepLab-style segmentation net on a ResNet50 backbone up to
 # conv4_block6_out (43 BN layers) with a small head (1 more), 5 classes. Issue 12 used
 # 64x64 inputs on 4 replicas; 32x32 (the smallest ResNet50 takes) on 2 replicas shows the
-# same in half the time: the time goes into tracing the net, once per replica.
+# same in half the time: the time goes into tracing the net, once per replica. So the
+# models also run eagerly (half the CPU time again, measured): the operations, and so
+# the float64 arithmetic compared, are those of the traced step; sk.check of traced
+# synchronized batch norm: tests/batchnorm/test_sync_bn.py.
 def deeplab_fn(synchronized, built=None):
     """`model_fn` of that net; each model it builds is appended to `built` if given."""
     def model_fn():
@@ -127,7 +130,8 @@ def deeplab_fn(synchronized, built=None):
         if synchronized:
             model = sk.convert_sync_batchnorm(model)
         model.compile(keras.optimizers.SGD(0.01),
-                      keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+                      keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      run_eagerly=True)
         if built is not None:
             built.append(model)
         return model
