@@ -76,7 +76,7 @@ def _uninterrupted(replicas, **run):
 
 
 def _assert_same_weights(model, reference_weights, tolerance=1e-6):
-    for weights, expected in zip(model.get_weights(), reference_weights):
+    for weights, expected in zip(model.get_weights(), reference_weights, strict=True):
         np.testing.assert_allclose(weights, expected, rtol=tolerance, atol=tolerance)
 
 
