@@ -111,7 +111,8 @@ class CheckReport:
         lines = [
             f"{verdict}: {self.replicas} replicas x {self.global_batch_size // self.replicas} "
             f"examples{accumulated} against 1 device x {self.global_batch_size}"
-            f"{' examples' + accumulated if k > 1 else ''}, {self.steps} steps"
+            f"{' examples' + accumulated if k > 1 else ''}, {self.steps} "
+            f"step{'s' if self.steps != 1 else ''}"
             + (f", in {self.dtype}" if self.dtype else ""),
             f"  largest weight difference {self.max_difference:.3g} "
             f"(tolerance {self.tolerance:g}) in {self.worst_weight}",
