@@ -16,12 +16,12 @@ STDERR`; every other line passes unchanged. Nothing is quieted with `--verbose`,
 the user set `TF_CPP_MIN_LOG_LEVEL` themselves. Importing `strategykit` as a library
 changes no logging setting.
 
-`strategykit launch` does not import TensorFlow at all: the launcher only starts, watches
-and restarts processes, and importing the package as a library (its `__init__` makes
-`sk.*`) would import TensorFlow and Keras, about 4.5 s of CPU and 650 MB at every
-launch (`benchmarks/launcher_start.py`). For that command the package is registered
-without running its `__init__`, so that only `strategykit.cli` and `strategykit.cluster`
-are imported.
+`strategykit launch` (and `demo --workers N`, which launches N demo workers) does not
+import TensorFlow at all: the launcher only starts, watches and restarts processes, and
+importing the package as a library (its `__init__` makes `sk.*`) would import TensorFlow
+and Keras, about 4.5 s of CPU and 650 MB at every launch (`benchmarks/launcher_start.py`).
+For these commands the package is registered without running its `__init__`, so that
+only `strategykit.cli` and `strategykit.cluster` are imported.
 
 Example:
     $ strategykit demo              # no TensorFlow log lines
@@ -54,11 +54,35 @@ def main(argv: list[str] | None = None) -> int:
     own_arguments = argv[: argv.index("--")] if "--" in argv else argv
     if "--verbose" not in own_arguments and "TF_CPP_MIN_LOG_LEVEL" not in os.environ:
         quiet_tensorflow()
-    if own_arguments[:1] == ["launch"]:
+    if only_starts_workers(own_arguments):
         import_package_without_tensorflow()
     from strategykit.cli.commands import main as run
 
     return run(argv)
+
+
+def only_starts_workers(arguments: list[str]) -> bool:
+    """Whether the command only starts worker processes: `launch`, and `demo --workers N`
+    with N > 1 (whose workers are `demo --as-worker` processes, each importing TensorFlow
+    itself).
+
+    Example:
+        >>> only_starts_workers(["demo", "--workers", "2"])
+        True
+        >>> only_starts_workers(["demo", "--replicas", "2"])
+        False
+    """
+    if arguments[:1] == ["launch"]:
+        return True
+    if arguments[:1] != ["demo"] or "--as-worker" in arguments:
+        return False
+    workers = None
+    for i, argument in enumerate(arguments):
+        if argument == "--workers" and i + 1 < len(arguments):
+            workers = arguments[i + 1]
+        elif argument.startswith("--workers="):
+            workers = argument.split("=", 1)[1]
+    return workers is not None and workers.isdigit() and int(workers) > 1
 
 
 def import_package_without_tensorflow() -> None:

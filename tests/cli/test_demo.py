@@ -6,6 +6,7 @@ import sys
 
 from test_cli import TF_LOG_LINE
 
+import strategykit_console
 from strategykit.cli import commands as cli
 from strategykit.cli.demo import build_classifier, run_demo
 
@@ -83,7 +84,7 @@ def test_demo_across_two_worker_processes_reaches_the_same_accuracy(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_CPP", "ABSL"))}
     launcher = subprocess.Popen(
         [sys.executable, "-m", "strategykit_console", "demo", "--workers", "2", "--epochs",
-         "2", "--out", str(tmp_path / "workers")],
+         "1", "--out", str(tmp_path / "workers")],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
         start_new_session=True)
     try:
@@ -94,7 +95,7 @@ def test_demo_across_two_worker_processes_reaches_the_same_accuracy(tmp_path):
     assert launcher.returncode == 0, err[-3000:]
     summary = summary_rows(out.split("[worker 0] \n")[-1].replace("[worker 0] ", ""))
     assert summary["Replicas"] == "2 on 2 worker processes"
-    one_process = run_demo(replicas=2, epochs=2, out=tmp_path / "one", verbose=0)
+    one_process = run_demo(replicas=2, epochs=1, out=tmp_path / "one", verbose=0)
     assert abs(float(summary["Test accuracy"].rstrip("%")) / 100
                - one_process.test_accuracy) <= 0.01
     assert sorted(os.listdir(tmp_path / "workers")) == ["history.csv", "loss.png"]
@@ -106,3 +107,19 @@ def test_demo_with_workers_and_replicas_is_an_error(capsys):
     assert cli.main(["demo", "--workers", "2", "--replicas", "2"]) == 2
     assert "Pass either --workers or --replicas, not both. Received: --workers 2 " \
            "--replicas 2" in capsys.readouterr().err
+
+
+def test_demo_across_workers_imports_no_tensorflow_in_the_launching_process():
+    # Like `strategykit launch`: only the workers import TensorFlow (about 8 s of CPU).
+    assert strategykit_console.only_starts_workers(["demo", "--workers", "2"])
+    assert strategykit_console.only_starts_workers(["demo", "--epochs", "1", "--workers=3"])
+    assert not strategykit_console.only_starts_workers(["demo", "--workers", "1"])
+    assert not strategykit_console.only_starts_workers(["demo", "--as-worker", "--out", "x"])
+    assert not strategykit_console.only_starts_workers(["demo"])
+    code = ("import sys, strategykit_console; "
+            "code = strategykit_console.main(['demo', '--workers', '2', '--replicas', '2']); "
+            "print(code, sorted({'tensorflow', 'keras'} & set(sys.modules)))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=60)
+    assert result.stdout.strip().splitlines()[-1] == "2 []", result.stderr
+    assert "Pass either --workers or --replicas, not both." in result.stderr
