@@ -1,12 +1,13 @@
 """A killed worker costs nothing: `strategykit launch --restarts` + `BackupAndRestore`.
 
 Two worker processes train 4 epochs under `strategykit launch`; one of them dies by
-SIGKILL (at the start of the 3rd epoch, or while the chief writes the backup of the 3rd).
-With a restart the job resumes after the last complete backup, does no epoch twice, and
-ends with the weights of one device trained without interruption on the global batch
-(which equals an uninterrupted 2-worker run: tests/cluster/test_multi_worker.py). A backup
-of 2 workers resumes on 1 (a plain run) and one of 1 on 2 workers with the same weights:
-the global batch stays 16 and batch norm is synchronized. Each launcher and plain run has
+SIGKILL (at the start of an epoch, or while the chief writes the backup of the 3rd), is
+stopped, or gets a SIGTERM. With a restart the job resumes after the last complete
+backup, does no epoch twice, and ends with the weights of one device trained without
+interruption on the global batch (which equals an uninterrupted 2-worker run:
+tests/cluster/test_multi_worker.py). A backup of 2 workers resumes on 1 (a plain run) and
+one of 1 on 2 workers with the same weights: the global batch stays 16 and batch norm is
+synchronized. Each launcher and plain run has
 its own process group, killed with it when the test's timeout passes.
 """
 
@@ -28,9 +29,10 @@ import strategykit as sk
 from workers import TEST_PATHS
 
 EPOCHS = 4
-"""Each fault comes in the 3rd epoch or its backup, after 2 complete backups: the resumed
-epochs tell "after the last complete backup" from "after the first" and "from scratch",
-and the 4th shows the restart goes on to the end. A SIGTERM comes in the 2nd epoch: the
+"""A job's first fault comes in the 3rd epoch or its backup, after 2 complete backups: the
+resumed epochs tell "after the last complete backup" from "after the first" and "from
+scratch"; a second fault, at the start of the 4th epoch, comes after the backup its
+resumed run made, and the 4th epoch shows the last run goes on to the end. A SIGTERM comes in the 2nd epoch: the
 launcher passes it on a few steps later (on a loaded machine in the next epoch), still
 before the last. Each epoch costs each worker about 0.6 s of CPU, its backup included;
 starting each worker process about 9 s."""
@@ -68,8 +70,9 @@ class Record(keras.callbacks.Callback):
         if sk.is_chief():
             with open(f"{{out}}/epochs-{{run}}", "a") as file:
                 file.write(f"{{epoch}}\\n")
-        victim = {{"at-epoch-2": 1, "chief-at-epoch-2": 0}}.get(how)
-        if first_attempt and worker == victim and epoch == 2:
+        victim = {{"at-epoch-2": (0, 1, 2), "chief-at-epoch-3": (0, 0, 3),
+                   "torn-then-at-epoch-3": (1, 1, 3)}}.get(how)  # (attempt, worker, epoch)
+        if victim == (attempt, worker, epoch):
             die()
 
     def on_train_batch_end(self, batch, logs=None):
@@ -93,7 +96,7 @@ class Record(keras.callbacks.Callback):
             os.kill(os.getpid(), signal.SIGSTOP)  # alive, but no progress: a hang
 
 
-if how == "while-writing" and first_attempt and worker == 0:
+if how == "torn-then-at-epoch-3" and first_attempt and worker == 0:
     save_weights = keras.Model.save_weights
 
     def torn_save(model, filepath, *args, **kwargs):  # the 3rd epoch's backup: torn
@@ -186,27 +189,25 @@ def _assert_uninterrupted_weights(out, shuffled=False):
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
 
 
-def test_a_restart_resumes_after_the_last_epoch_with_the_uninterrupted_weights(tmp_path):
-    # On the machine's network (--network=host) here; the other tests run in the job's
-    # private network, the default: the same weights in both.
-    code, err, _, out = _launch(tmp_path, "at-epoch-2", "--restarts", "1", "--network=host")
+def test_each_restart_resumes_after_the_last_complete_backup_with_the_uninterrupted_weights(
+        tmp_path):
+    # Two faults, one job: the chief killed while writing the 3rd epoch's backup (a torn
+    # file), then in the restart worker 1 killed at the start of the 4th epoch. On the
+    # machine's network (--network=host) here; the other tests run in the job's private
+    # network, the default: the same weights in both.
+    code, err, _, out = _launch(tmp_path, "torn-then-at-epoch-3", "--restarts", "2",
+                                "--network=host")
     assert code == 0, err[-4000:]
     assert "on this machine's network." in err
+    assert "worker 0 was killed by signal SIGKILL" in err
+    assert "restarting the job (restart 1 of 2)" in err
     assert "worker 1 was killed by signal SIGKILL" in err
-    assert "restarting the job (restart 1 of 1)" in err
-    assert _epochs(out, 0) == [0, 1, 2]  # died at the start of the 3rd epoch
-    assert _epochs(out, 1) == [2, 3]  # the first 2 not redone, the 4th done too
+    assert "restarting the job (restart 2 of 2)" in err
+    assert _epochs(out, 0) == [0, 1, 2]  # killed writing the backup after the 3rd epoch
+    assert _epochs(out, 1) == [2, 3]  # from the backup after the 2nd; died in the 4th
+    assert _epochs(out, 2) == [3]  # from the backup after the 3rd: no epoch done twice
     _assert_uninterrupted_weights(out)
     assert not (out / "backup").exists()  # deleted at the end of training
-
-
-def test_a_chief_killed_while_writing_a_backup_resumes_from_the_one_before(tmp_path):
-    code, err, _, out = _launch(tmp_path, "while-writing", "--restarts", "1")
-    assert code == 0, err[-4000:]
-    assert "worker 0 was killed by signal SIGKILL" in err
-    assert _epochs(out, 0) == [0, 1, 2]  # killed writing the backup after the 3rd epoch
-    assert _epochs(out, 1) == [2, 3]  # from the backup after the 2nd
-    _assert_uninterrupted_weights(out)
 
 
 @pytest.mark.parametrize("hang_timeout", ["20", None])  # None: the default, 300 s
@@ -235,28 +236,23 @@ def test_a_stopped_worker_is_named_and_the_job_restarted_from_its_backup(tmp_pat
     assert restarted - stopped < 60  # noticed, killed, started again
 
 
-def test_without_restarts_the_launcher_exits_non_zero_and_one_worker_resumes(tmp_path):
+def test_without_restarts_the_backup_resumes_on_one_process_and_then_on_two_workers(
+        tmp_path):
     code, err, ended, out = _launch(tmp_path, "at-epoch-2")
     assert code != 0
     assert "worker 1 was killed by signal SIGKILL" in err
     assert ended - float((out / "killed").read_text()) < 60
     assert not (out / "weights.json").exists()
-    # The backup of 2 workers, resumed by a plain run: 1 worker, the same global batch.
-    code, err = _plain_run(tmp_path, "resume", run="plain")
-    assert code == 0, err[-4000:]
-    assert _epochs(out, "plain") == [2, 3]
-    _assert_uninterrupted_weights(out)
-
-
-def test_a_backup_of_one_process_resumes_on_two_workers(tmp_path):
-    (tmp_path / "out").mkdir()
-    (tmp_path / "train.py").write_text(_WORKER.format(tests=TEST_PATHS))
-    code, _ = _plain_run(tmp_path, "chief-at-epoch-2", run="plain")
-    assert code == -signal.SIGKILL
+    # The backup of 2 workers, resumed by a plain run (1 worker, the same global batch),
+    # which is killed in its turn at the start of the 4th epoch.
+    code, err = _plain_run(tmp_path, "chief-at-epoch-3", run="plain")
+    assert code == -signal.SIGKILL, err[-4000:]
+    # The backup of that one process, resumed on 2 workers.
     code, err, _, out = _launch(tmp_path, "resume", run="launched")
     assert code == 0, err[-4000:]
-    assert _epochs(out, "plain") == [0, 1, 2]
-    assert _epochs(out, "launched") == [2, 3]
+    assert _epochs(out, 0) == [0, 1, 2]
+    assert _epochs(out, "plain") == [2, 3]
+    assert _epochs(out, "launched") == [3]
     _assert_uninterrupted_weights(out)
 
 
