@@ -27,7 +27,7 @@ def test_multi_worker_example_trains_under_the_launcher_without_tensorflow_log_l
     out = tmp_path / "run"
     launcher = subprocess.Popen(
         [sys.executable, "-m", "strategykit_console", "launch", "--workers", "2", "--",
-         sys.executable, os.path.join(EXAMPLES, "train_multi_worker.py"), "--epochs", "3",
+         sys.executable, os.path.join(EXAMPLES, "train_multi_worker.py"), "--epochs", "2",
          "--out", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
         start_new_session=True)
@@ -40,7 +40,7 @@ def test_multi_worker_example_trains_under_the_launcher_without_tensorflow_log_l
     reports = re.findall(r"^\[worker (\d)\] test accuracy ([\d.]+)% on 2 replicas$", stdout,
                          re.MULTILINE)
     assert [worker for worker, _ in reports] == ["0"]  # printed by the chief only
-    assert float(reports[0][1]) > 80  # 96.67% seeded here; 10% is chance
+    assert float(reports[0][1]) > 80  # seeded; 10% is chance
     assert sorted(os.listdir(out)) == ["history.csv", "loss.png", "model.keras"]
     logged = [line for line in (stdout + "\n" + stderr).splitlines() if TF_LOG_LINE.match(line)]
     assert not logged, logged[:5]
