@@ -59,25 +59,27 @@ def run_workers(source: str, workers: int = 2, *, args=(), timeout: float = 240,
     base = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
     envs = [worker_env(index, 0, ports, None, base) for index in range(workers)]
     try:
-        return run_processes(script, envs, args=args, timeout=timeout, check=check)
+        return run_processes(script, envs, args=args, timeout=timeout, check=check,
+                             teardown=False)
     finally:
         if tmp_path is None:
             shutil.rmtree(folder, ignore_errors=True)
 
 
 def run_processes(script: str, envs: list[dict], *, args=(), timeout: float = 240,
-                  check: bool = True) -> list[Finished]:
+                  check: bool = True, teardown: bool = True) -> list[Finished]:
     """Runs `python script args...` once per environment of `envs`, each in a session of
     its own, forked from this test process's fork server (`forked_workers`, which has
     imported TensorFlow already); returns them ended, their output read from files
     beside `script`. When any is still running after `timeout` seconds, every one's
-    process group is killed and the test fails with their output."""
+    process group is killed and the test fails with their output. `teardown=False`:
+    each ends without the interpreter's teardown (`Forks.start`)."""
     server = forks()
     pids: list[int] = []
     outputs = [(f"{script}.{index}.out", f"{script}.{index}.err") for index in range(len(envs))]
     try:
         for env, (out, err) in zip(envs, outputs):
-            pids.append(server.start(script, args, env, out, err))
+            pids.append(server.start(script, args, env, out, err, teardown=teardown))
         deadline = time.monotonic() + timeout
         returncodes = [server.wait(pid, deadline) for pid in pids]
     finally:
