@@ -7,8 +7,8 @@ backup, does no epoch twice, and ends with the weights of one device trained wit
 interruption on the global batch (which equals an uninterrupted 2-worker run:
 tests/cluster/test_multi_worker.py). A backup of 2 workers resumes on 1 (a plain run) and
 one of 1 on 2 workers with the same weights: the global batch stays 16 and batch norm is
-synchronized. Each launcher and plain run has
-its own process group, killed with it when the test's timeout passes.
+synchronized. Each launcher and plain run has its own process group, killed with it when
+the test's timeout passes.
 """
 
 import functools
@@ -32,10 +32,10 @@ EPOCHS = 4
 """A job's first fault comes in the 3rd epoch or its backup, after 2 complete backups: the
 resumed epochs tell "after the last complete backup" from "after the first" and "from
 scratch"; a second fault, at the start of the 4th epoch, comes after the backup its
-resumed run made, and the 4th epoch shows the last run goes on to the end. A SIGTERM comes in the 2nd epoch: the
-launcher passes it on a few steps later (on a loaded machine in the next epoch), still
-before the last. Each epoch costs each worker about 0.6 s of CPU, its backup included;
-starting each worker process about 9 s."""
+resumed run made, and the 4th epoch shows the last run goes on to the end. A SIGTERM
+comes in the 2nd epoch: the launcher passes it on a few steps later (on a loaded machine
+in the next epoch), still before the last. Each epoch costs each worker about 0.6 s of
+CPU, its backup included; starting each worker process about 9 s."""
 TIMEOUT = 300
 
 _WORKER = """
