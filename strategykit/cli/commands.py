@@ -65,7 +65,8 @@ def _add_launch(commands, common: argparse.ArgumentParser) -> None:
     launch = commands.add_parser(
         "launch", parents=[common],
         usage="strategykit launch --workers N [--restarts K] [--hang-timeout S] [--port P] "
-              "[--network {private,host}] [--gpus-per-worker G] -- COMMAND [ARGS ...]",
+              "[--network {private,host}] [--gpus-per-worker G] [--preload] "
+              "-- COMMAND [ARGS ...]",
         help="run N local worker processes of a command, each with its TF_CONFIG",
         description="Starts N worker processes of COMMAND on this machine, each with its "
                     "TF_CONFIG (worker 0 is the chief), forwards their output prefixed "
@@ -90,6 +91,10 @@ def _add_launch(commands, common: argparse.ArgumentParser) -> None:
     launch.add_argument("--gpus-per-worker", type=int, default=None, metavar="G",
                         help="GPUs for each worker; 0 runs them on the CPU (default: the "
                              "GPUs found, divided evenly)")
+    launch.add_argument("--preload", action="store_true",
+                        help="import TensorFlow once and fork every worker from it: workers "
+                             "and restarts start in milliseconds (python SCRIPT or python -m "
+                             "MODULE commands only)")
     launch.add_argument("worker_command", nargs=argparse.REMAINDER, metavar="COMMAND",
                         help="the command every worker runs, after --")
 
@@ -126,7 +131,7 @@ def _demo(args) -> int:
     if args.workers and args.workers > 1:
         from strategykit.cluster.launch import launch
 
-        return launch(_demo_worker_command(args), workers=args.workers)
+        return launch(_demo_worker_command(args), workers=args.workers, preload=True)
     from strategykit.cli import demo
     from strategykit.cluster.roles import is_chief
     from strategykit.strategy.build import from_env
@@ -168,7 +173,8 @@ def _launch(args) -> int:
     command = args.worker_command
     return launch(command[1:] if command[:1] == ["--"] else command, workers=args.workers,
                   restarts=args.restarts, port=args.port, gpus_per_worker=args.gpus_per_worker,
-                  hang_timeout=args.hang_timeout, network=args.network, verbose=args.verbose)
+                  hang_timeout=args.hang_timeout, network=args.network, verbose=args.verbose,
+                  preload=args.preload)
 
 
 def _add_replicas(parser: argparse.ArgumentParser, help_text: str) -> None:

@@ -51,7 +51,8 @@ def guarded(command: list[str], launcher_pid: int, network_pid: int | None = Non
     return [sys.executable, os.path.abspath(__file__), str(launcher_pid), network, *command]
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
+    """Asks the kernel for SIGKILL to this process when its parent dies (Linux)."""
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(_PR_SET_PDEATHSIG, _SIGKILL, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
@@ -60,7 +61,7 @@ def _die_with_parent() -> None:
 def main(argv: list[str]) -> None:
     """Sets the parent-death signal, joins the job's network, then becomes the command."""
     launcher_pid, network, command = int(argv[0]), argv[1], argv[2:]
-    _die_with_parent()
+    die_with_parent()
     if os.getppid() != launcher_pid:  # the launcher died before the request was made
         sys.exit(EXIT_LAUNCHER_GONE)
     if network != "-":

@@ -75,15 +75,16 @@ class Job:
         smi.write_text(f"#!/bin/sh\nprintf '{listing}'\n")
         smi.chmod(0o755)
 
-    def start(self, *args: str) -> subprocess.Popen:
-        """Starts `strategykit launch ARGS -- python worker.py` in its own process group."""
+    def start(self, *args: str, command: list[str] | None = None) -> subprocess.Popen:
+        """Starts `strategykit launch ARGS -- python worker.py` (or `command`) in its own
+        process group, in the job's folder."""
         env = {key: value for key, value in os.environ.items()
                if not key.startswith(("TF_CPP", "CUDA_VISIBLE"))}
         env["PATH"] = f"{self.bin}{os.pathsep}{env.get('PATH', '')}"
         return subprocess.Popen(
             [sys.executable, "-m", "strategykit_console", "launch", *args,
-             "--", sys.executable, str(self.script)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+             "--", *(command or [sys.executable, str(self.script)])],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=self.folder,
             start_new_session=True)  # bytes: text mode would turn every \r into \n
 
     def finish(self, launcher: subprocess.Popen) -> subprocess.CompletedProcess:
@@ -97,8 +98,8 @@ class Job:
         return subprocess.CompletedProcess(launcher.args, launcher.returncode,
                                            out.decode(), err.decode())
 
-    def run(self, *args: str) -> subprocess.CompletedProcess:
-        return self.finish(self.start(*args))
+    def run(self, *args: str, command: list[str] | None = None) -> subprocess.CompletedProcess:
+        return self.finish(self.start(*args, command=command))
 
     def records(self) -> dict:
         """What each worker recorded, by name (`"<attempt>-<worker>"` for the prelude's)."""
