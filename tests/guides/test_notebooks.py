@@ -1,9 +1,15 @@
-"""Every notebook in notebooks/ executes from scratch, in a fresh kernel, without error."""
+"""Every notebook in notebooks/ executes from scratch, in a fresh kernel, without error.
+
+Each notebook gets an IPython kernel of its own that has run no code: a new process, forked
+from one that has imported TensorFlow, Keras and strategykit but started nothing of
+TensorFlow's runtime (`forked_kernels`), which saves each kernel about 9 s of CPU.
+"""
 
 import pathlib
 
 import nbformat
 import pytest
+from forked_kernels import ForkedKernelManager
 from nbclient import NotebookClient
 
 NOTEBOOKS = sorted((pathlib.Path(__file__).parents[2] / "notebooks").glob("*.ipynb"))
@@ -17,7 +23,7 @@ def test_there_are_notebooks():
 def test_notebook_executes_from_scratch(path, tmp_path):
     notebook = nbformat.read(path, as_version=4)
     client = NotebookClient(
-        notebook, timeout=600, kernel_name="python3",
+        notebook, timeout=600, kernel_name="python3", kernel_manager_class=ForkedKernelManager,
         resources={"metadata": {"path": str(tmp_path)}},
     )
     client.execute()  # raises CellExecutionError, naming the cell, on any error
