@@ -131,6 +131,8 @@ def weight_rank(y, user_weight=None) -> int:
 def _to_rank(weight, rank: int):
     """`weight` with trailing axes of size 1 added up to `rank`."""
     missing = rank - weight.shape.rank
+    if missing == 0:  # already of that rank: nothing to trace
+        return weight
     return tf.reshape(weight, tf.concat([tf.shape(weight), tf.ones([missing], tf.int32)], 0))
 
 

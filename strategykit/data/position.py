@@ -102,8 +102,10 @@ def positioned(make_pass, elements_per_step: int, *,
         with tf.control_dependencies([first, skip]):
             cleared = variables["skip"].assign(0)
         with tf.control_dependencies([cleared]):
-            end = tf.constant(tf.int64.max, tf.int64) if continuous else first + 1
-            epoch = tf.data.Dataset.range(first, end)
+            first = tf.identity(first)
+        if not continuous:  # one pass: no dataset of epochs to trace the pass inside
+            return make_pass(first).skip(skip * elements_per_step)
+        epoch = tf.data.Dataset.range(first, tf.constant(tf.int64.max, tf.int64))
         skips = tf.data.Dataset.from_tensors(skip * elements_per_step).concatenate(
             tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).repeat())
         return tf.data.Dataset.zip((epoch, skips)).flat_map(
