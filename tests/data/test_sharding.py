@@ -68,9 +68,14 @@ def test_labels_and_weights_travel_with_their_examples(make_strategy, replicas):
             np.testing.assert_array_equal(wr.numpy()[real], expected)
 
 
-@pytest.mark.parametrize("source", ["numpy", "tf.data", "fn"])
-@pytest.mark.parametrize("replicas", [1, 2, 4])
-@pytest.mark.parametrize("drop", [False, True])
+# Shuffling comes before batching, and nothing in it depends on the replicas or the
+# remainder: each source on 1 and on several replicas, and one case dropping the remainder
+# on 4 (the batches each replica gets, for every source, replicas and remainder, are
+# test_hand_written_shards').
+@pytest.mark.parametrize(("source", "replicas", "drop"), [
+    *[(source, replicas, False) for source in ("numpy", "tf.data", "fn") for replicas in (1, 2)],
+    ("numpy", 4, True),
+])
 def test_shuffled_every_example_once(make_strategy, source, replicas, drop):
     strategy = make_strategy(replicas)
     kwargs = {"shuffle_buffer": 10} if source == "fn" else {}
@@ -177,8 +182,10 @@ def _dense_model(seed=0):
 
 
 @pytest.mark.parametrize("replicas", [2, 4])
-@pytest.mark.parametrize("size", [48, 45])  # 45: the final global batch holds 5 of 8
-def test_fit_equals_one_device(make_strategy, replicas, size):
+def test_fit_equals_one_device(make_strategy, replicas):
+    # 45 = 5 x 8 + 5: full global batches, then a padded one of 5 real examples (over 2
+    # replicas 3 + 2, over 4 replicas 2 + 1 + 1 + 1).
+    size = 45
     rng = np.random.default_rng(replicas)
     x = rng.normal(size=(size, 3)).astype("float32")
     y = (x @ np.array([1.0, -2.0, 0.5]) + rng.normal(size=size)).astype("float32")
@@ -191,16 +198,16 @@ def test_fit_equals_one_device(make_strategy, replicas, size):
     distributed.fit(sk.shard((x, y), strategy, global_batch_size=8), epochs=2, verbose=0)
     for a, b in zip(single.get_weights(), distributed.get_weights()):
         np.testing.assert_allclose(a, b, atol=1e-5)
-    if size == 45:  # the weights matter: padding with copies of weight 1 differs
-        with strategy.scope():
-            unweighted = _dense_model()
-        ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
-        ds = ds.map(lambda a, b: (tf.concat([a, a[:8 - tf.shape(a)[0]]], 0),
-                                  tf.concat([b, b[:8 - tf.shape(b)[0]]], 0)))
-        unweighted.fit(strategy.experimental_distribute_dataset(ds), epochs=2, verbose=0)
-        gap = max(np.max(np.abs(a - b)) for a, b in zip(single.get_weights(),
-                                                         unweighted.get_weights()))
-        assert gap > 1e-4
+    # The weights matter: padding with copies of weight 1 differs.
+    with strategy.scope():
+        unweighted = _dense_model()
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+    ds = ds.map(lambda a, b: (tf.concat([a, a[:8 - tf.shape(a)[0]]], 0),
+                              tf.concat([b, b[:8 - tf.shape(b)[0]]], 0)))
+    unweighted.fit(strategy.experimental_distribute_dataset(ds), epochs=2, verbose=0)
+    gap = max(np.max(np.abs(a - b)) for a, b in zip(single.get_weights(),
+                                                     unweighted.get_weights()))
+    assert gap > 1e-4
 
 
 def _pixel_classifier(loss, seed=0):
@@ -210,12 +217,13 @@ def _pixel_classifier(loss, seed=0):
     return model
 
 
-@pytest.mark.parametrize("replicas", [2, 4])
 @pytest.mark.parametrize("labels", ["sparse", "one_hot", "pixel_weights"])
-def test_per_pixel_losses_fit_equal_one_device(make_strategy, replicas, labels):
+def test_per_pixel_losses_fit_equal_one_device(make_strategy, labels):
     # 4 x 4 label maps, 4 examples per replica: a weight of shape (4,) would silently
     # weigh the 4 columns of every map instead of the examples. The final global batch
-    # holds 3 real examples, padded with copies of weight 0.
+    # holds 3 real examples, padded with copies of weight 0: on 4 replicas, one of them
+    # holds copies only (test_fit_equals_one_device trains on 2 replicas too).
+    replicas = 4
     rng = np.random.default_rng(replicas)
     size = 4 * replicas * 3 + 3
     x = rng.normal(size=(size, 4, 4, 2)).astype("float32")
@@ -446,14 +454,17 @@ def _expected_steps(case, remainder, replicas):
     return dropped if remainder == "drop" else padded
 
 
+# The replicas change the steps only of a split remainder (one smaller than the replicas
+# joins the batch before it: a remainder of 1 on 2 replicas, of up to 3 on 4).
 @pytest.mark.parametrize("source", ["numpy", "tf.data", "fn"])
-@pytest.mark.parametrize("replicas", [1, 2, 4])
-@pytest.mark.parametrize("remainder", ["pad", "split", "drop"])
+@pytest.mark.parametrize(("remainder", "replicas"), [
+    ("pad", 1), ("pad", 4), ("drop", 1), ("drop", 4), ("split", 1), ("split", 2), ("split", 4),
+])
 def test_keras_is_told_the_number_of_steps(make_strategy, source, replicas, remainder):
     # Keras reads `cardinality` as the number of steps (its progress bar's N/N); when it
     # is unknown or wrong, Keras warns "Your input ran out of data" at every end. The
     # steps are hand-written; the test below reads them, so this one starts no
-    # distributed iterator in its 27 cases.
+    # distributed iterator in its 21 cases.
     strategy = make_strategy(replicas)
     for size, batch in STEP_CASES:
         if remainder == "drop" and size < batch:
@@ -467,15 +478,16 @@ def test_keras_is_told_the_number_of_steps(make_strategy, source, replicas, rema
         assert int(ds.cardinality) == expected, (size, batch)
 
 
-@pytest.mark.parametrize("replicas", [2, 4])
-def test_the_hand_written_steps_are_the_steps_each_replica_reads(make_strategy, replicas):
+# A padded remainder's steps do not depend on the replicas; a split one's do.
+@pytest.mark.parametrize(("remainder", "replicas"), [("pad", 4), ("split", 2), ("split", 4)])
+def test_the_hand_written_steps_are_the_steps_each_replica_reads(make_strategy, remainder,
+                                                                 replicas):
     strategy = make_strategy(replicas)
     for size, batch in STEP_CASES:
-        for remainder in ("pad", "split"):
-            ds = sk.shard(np.arange(size), strategy, global_batch_size=batch,
-                          pad_remainder=remainder == "pad")
-            steps = len(sk.replica_batches(ds, strategy))
-            assert steps == _expected_steps((size, batch), remainder, replicas), (size, batch)
+        ds = sk.shard(np.arange(size), strategy, global_batch_size=batch,
+                      pad_remainder=remainder == "pad")
+        steps = len(sk.replica_batches(ds, strategy))
+        assert steps == _expected_steps((size, batch), remainder, replicas), (size, batch)
 
 
 def test_evaluate_predict_and_fit_run_every_step_without_warnings(make_strategy, capsys):
