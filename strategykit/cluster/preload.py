@@ -37,6 +37,7 @@ import json
 import os
 import re
 import select
+import signal
 import socket
 import subprocess
 import tempfile
@@ -96,8 +97,13 @@ class Preloader:
                              f"command={list(command)}. Check the command after --.") from error
         finally:
             server_end.close()
+        self._started: list[int] = []
         self._ended: dict[int, int] = {}
-        self._reply(lambda message: message.get("ready"), READY_SECONDS)
+        try:
+            self._reply(lambda message: message.get("ready"), READY_SECONDS)
+        except ValueError:
+            self.close()  # nothing of a server that failed is left running
+            raise
 
     def start(self, env: Mapping[str, str]) -> ForkedWorker:
         """Forks a worker with environment `env`; it starts at once."""
@@ -106,10 +112,13 @@ class Preloader:
         request = json.dumps({"command": self._target, "env": dict(env)}).encode()
         try:
             socket.send_fds(self._channel, [request], [out_write, err_write])
+        except OSError as error:  # a server killed while the job ran
+            raise self._failed("the preload server ended") from error
         finally:
             os.close(out_write)
             os.close(err_write)
         pid = self._reply(lambda message: "started" in message, READY_SECONDS)["started"]
+        self._started.append(pid)
         return ForkedWorker(self, pid, out_read, err_read)
 
     def returncode(self, pid: int, timeout: float = 0.0) -> int | None:
@@ -141,7 +150,10 @@ class Preloader:
                     return None
                 raise self._failed(f"the preload server did not answer in {timeout:.0f} s")
             data = self._channel.recv(_MESSAGE_BYTES)
-            if not data:
+            if not data:  # its workers were killed with it (PR_SET_PDEATHSIG)
+                self._ended = {pid: -signal.SIGKILL for pid in self._started} | self._ended
+                if not wait:
+                    return None
                 raise self._failed("the preload server ended")
             message = json.loads(data)
             if "ended" in message:
