@@ -466,7 +466,11 @@ def test_keras_is_told_the_number_of_steps(make_strategy, source, replicas, rema
     # steps are hand-written; the test below reads them, so this one starts no
     # distributed iterator in its 21 cases.
     strategy = make_strategy(replicas)
-    for size, batch in STEP_CASES:
+    # The steps follow from the size whatever the source: every case for numpy, for the
+    # others one smaller than a batch, one with a remainder and one whose remainder a
+    # split on 4 replicas joins to the batch before it.
+    cases = STEP_CASES if source == "numpy" else [(1, 8), (14, 8), (18, 8)]
+    for size, batch in cases:
         if remainder == "drop" and size < batch:
             continue
         ids = np.arange(size)
