@@ -108,7 +108,9 @@ def launch(command: Sequence[str], workers: int, restarts: int = 0, port: int | 
             workers and restarts start in milliseconds instead of seconds. Only for
             `python SCRIPT ...` and `python -m MODULE ...` commands; an environment
             variable they read when imported must be set for the launcher, not by the
-            script. Default False: each worker runs the command as it is.
+            script. A server that dies takes the attempt's workers with it (exit 137,
+            said as such); the next attempt gets a new one. Default False: each worker
+            runs the command as it is.
 
     Returns:
         The exit code: 0 when every worker exited 0; after the last allowed attempt
@@ -142,15 +144,18 @@ def launch(command: Sequence[str], workers: int, restarts: int = 0, port: int | 
         terminal.note(f"{count(len(gpus), 'GPU')} for {workers} workers: every worker sees "
                       "every GPU; --gpus-per-worker 0 runs the workers on the CPU.")
     job_network = _open_network(network, terminal)
+    network_pid = job_network.pid if job_network else None
     preloader = None
     try:
-        if preload:
-            preloader = Preloader(command, job_network.pid if job_network else None,
-                                  {"PYTHONUNBUFFERED": "1", **os.environ})
         with _StopSignals() as stop:
             for attempt in range(restarts + 1):
                 if attempt:
                     terminal.note(f"restarting the job (restart {attempt} of {restarts}).")
+                if preload and (preloader is None or preloader.gone):
+                    if preloader is not None:
+                        preloader.close()
+                    preloader = Preloader(command, network_pid,
+                                          {"PYTHONUNBUFFERED": "1", **os.environ})
                 ports = free_ports(workers) if port is None else list(range(port, port + workers))
                 code = _run_job(command, attempt, ports, devices, terminal, stop,
                                 hang_timeout, job_network, verbose, preloader)
@@ -278,6 +283,11 @@ def _run_job(command: list[str], attempt: int, ports: list[int], devices: list[s
         terminal.note(f"after a SIGTERM every worker backed up the same step and stopped "
                       f"(exit {PREEMPTED}){others}.")
         return code
+    if preloader is not None and preloader.gone:
+        terminal.note(f"the preload server (pid {preloader.pid}) ended during the job, and "
+                      f"its workers with it{others}.")
+        held_output.show(stderrs)
+        return 128 + signal.SIGKILL
     unhealthy = {k: forwarder.unhealthy_workers for k, forwarder in enumerate(stderrs)}
     fault = blame(failed, codes, states, last_reports, unhealthy)
     terminal.note(f"{fault.message}{others}.")

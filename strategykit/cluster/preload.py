@@ -99,6 +99,8 @@ class Preloader:
             server_end.close()
         self._started: list[int] = []
         self._ended: dict[int, int] = {}
+        self.gone = False
+        """Whether the server ended while the job ran (its workers were killed with it)."""
         try:
             self._reply(lambda message: message.get("ready"), READY_SECONDS)
         except ValueError:
@@ -128,6 +130,11 @@ class Preloader:
             self._reply(lambda message: message.get("ended") == pid, timeout, wait=False)
         return self._ended.get(pid)
 
+    @property
+    def pid(self) -> int:
+        """The server's process id."""
+        return self._server.pid
+
     def close(self) -> None:
         """Ends the server (its workers must have ended) and its channel."""
         self._channel.close()
@@ -151,6 +158,7 @@ class Preloader:
                 raise self._failed(f"the preload server did not answer in {timeout:.0f} s")
             data = self._channel.recv(_MESSAGE_BYTES)
             if not data:  # its workers were killed with it (PR_SET_PDEATHSIG)
+                self.gone = True
                 self._ended = {pid: -signal.SIGKILL for pid in self._started} | self._ended
                 if not wait:
                     return None

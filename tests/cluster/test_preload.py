@@ -27,8 +27,10 @@ def job(tmp_path):
 
 
 def test_preloaded_workers_are_the_command_run_by_python_restarts_included(job):
-    # `python -m worker` from the job's folder, 2 workers, 2 GPUs, one restart: worker 1
-    # fails in the first attempt with an exception, as `python -m worker` would.
+    # `python -m worker` from the job's folder, 2 workers, 2 GPUs, two restarts: worker 1
+    # fails in the first attempt with an exception, as `python -m worker` would; in the
+    # second, worker 0 kills the server, which takes the workers with it, and the third
+    # attempt gets a new server.
     job.gpus(2)
     job.worker("""
         import atexit, numpy
@@ -37,35 +39,46 @@ def test_preloaded_workers_are_the_command_run_by_python_restarts_included(job):
                preloaded=preloaded, group=os.getpgid(0), session=os.getsid(0),
                parent=os.getppid(), stdin=sys.stdin.read(), random=numpy.random.rand())
         atexit.register(lambda: record(f"atexit-{attempt}-{k}"))
-        if attempt == 0 and k == 0:
+        if attempt == 1 and k == 0:
+            wait_for("identity-1-1")
+            os.kill(os.getppid(), signal.SIGKILL)
+        if attempt < 2 and k == 0 or attempt == 1:
             time.sleep(600)
         if attempt == 0:
             wait_for("identity-0-0")
             raise RuntimeError("worker 1 fails")
     """)
-    result = job.run("--workers", "2", "--restarts", "1", "--preload",
+    result = job.run("--workers", "2", "--restarts", "2", "--preload",
                      command=[sys.executable, "-m", "worker", "--epochs", "3"])
     assert result.returncode == 0, result.stderr
     records = job.records()
-    identities = [records[f"identity-{attempt}-{k}"] for attempt in (0, 1) for k in (0, 1)]
-    for identity, (attempt, k) in zip(identities, [(0, 0), (0, 1), (1, 0), (1, 1)]):
+    runs = [(attempt, k) for attempt in (0, 1, 2) for k in (0, 1)]
+    identities = [records[f"identity-{attempt}-{k}"] for attempt, k in runs]
+    for identity, (attempt, k) in zip(identities, runs):
         assert identity["argv"] == [str(job.script), "--epochs", "3"]
         assert identity["run_name"] == "__main__" and identity["path0"] == str(job.folder)
         assert identity["preloaded"] == ["keras", "strategykit", "tensorflow"]
         assert identity["group"] == identity["session"] == records[f"{attempt}-{k}"]["pid"]
         assert identity["stdin"] == ""
     assert [records[f"0-{k}"]["cuda"] for k in (0, 1)] == ["0", "1"]
-    assert records["1-1"]["tf_config"]["task"] == {"type": "worker", "index": 1}
-    # One server forked every worker of both attempts; each worker drew its own numbers.
-    assert len({identity["parent"] for identity in identities}) == 1
-    assert len({identity["random"] for identity in identities}) == 4
-    assert {"atexit-0-1", "atexit-1-0", "atexit-1-1"} <= set(records)
+    assert records["2-1"]["tf_config"]["task"] == {"type": "worker", "index": 1}
+    # One server forked the workers of the first two attempts, a new one the third's;
+    # each worker drew its own numbers.
+    parents = [identity["parent"] for identity in identities]
+    assert len(set(parents[:4])) == 1 and len(set(parents[4:])) == 1
+    assert parents[0] != parents[4]
+    assert len({identity["random"] for identity in identities}) == 6
+    assert {"atexit-0-1", "atexit-2-0", "atexit-2-1"} <= set(records)
+    assert not {"atexit-1-0", "atexit-1-1"} & set(records)  # killed with the server
     # Worker 1's traceback shows its own frames only, as `python -m worker` shows them.
     assert "worker 1 exited with code 1; stopped the other 1 worker." in result.stderr
     traceback = result.stderr.split("[worker 1] Traceback (most recent call last):\n")[1]
     assert traceback.startswith(f'[worker 1]   File "{job.script}", line ')
     assert "[worker 1] RuntimeError: worker 1 fails\n" in traceback
     assert "preload_server" not in traceback and "runpy" not in traceback
+    assert f"strategykit launch: the preload server (pid {parents[0]}) ended during the " \
+           "job, and its workers with it.\n" in result.stderr
+    assert "restarting the job (restart 2 of 2)" in result.stderr
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
