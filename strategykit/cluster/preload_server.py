@@ -63,9 +63,10 @@ def become_worker(request: dict, fds: list[int]) -> None:
     as that command would (an uncaught exception: its traceback and exit code 1)."""
     server = os.getppid()
     os.setsid()
-    orphan_guard.die_with_parent()
-    if os.getppid() != server:
-        os._exit(orphan_guard.EXIT_LAUNCHER_GONE)
+    if sys.platform.startswith("linux"):  # as the server itself (`orphan_guard`)
+        orphan_guard.die_with_parent()
+        if os.getppid() != server:
+            os._exit(orphan_guard.EXIT_LAUNCHER_GONE)
     os.environ.clear()
     os.environ.update(request["env"])
     stdin = os.open(os.devnull, os.O_RDONLY)
