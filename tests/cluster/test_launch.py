@@ -282,12 +282,17 @@ def test_a_launcher_killed_by_sigkill_leaves_no_worker_running(job):
     launcher = job.start("--workers", "2")
     job.wait_for("0-0", "0-1")
     pids = [job.records()[f"0-{k}"]["pid"] for k in range(2)]
+    assert not kill_launcher(launcher, pids), "workers still running 10 s after it died"
+
+
+def kill_launcher(launcher: subprocess.Popen, pids: list[int]) -> list[int]:
+    """Kills the launcher with SIGKILL; those of `pids` still alive 10 s later."""
     os.kill(launcher.pid, signal.SIGKILL)
     killed = time.monotonic()
     launcher.communicate(timeout=TIMEOUT)
     while any(map(alive, pids)) and time.monotonic() - killed < 10:
         time.sleep(0.05)
-    assert not any(map(alive, pids)), "workers still running 10 s after the launcher died"
+    return [pid for pid in pids if alive(pid)]
 
 
 def test_a_guarded_worker_is_the_command_itself_in_its_own_group(job):

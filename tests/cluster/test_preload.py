@@ -7,13 +7,10 @@ outlives its test's timeout is killed with its process group, and what is left o
 workers is killed at the end of each test.
 """
 
-import os
-import signal
 import sys
-import time
 
 import pytest
-from test_launch import TIMEOUT, Job, alive
+from test_launch import Job, kill_launcher
 
 from strategykit.cluster.launch import launch
 from strategykit.cluster.preload import preloadable
@@ -92,12 +89,7 @@ def test_a_launcher_killed_by_sigkill_leaves_neither_server_nor_worker_running(j
     job.wait_for("parent-0", "parent-1")
     records = job.records()
     pids = [records[f"0-{k}"]["pid"] for k in range(2)] + [records["parent-0"]["pid"]]
-    os.kill(launcher.pid, signal.SIGKILL)
-    killed = time.monotonic()
-    launcher.communicate(timeout=TIMEOUT)
-    while any(map(alive, pids)) and time.monotonic() - killed < 10:
-        time.sleep(0.05)
-    assert not any(map(alive, pids)), "server or workers running 10 s after the launcher died"
+    assert not kill_launcher(launcher, pids), "server or workers running 10 s after it died"
 
 
 def test_only_python_scripts_and_modules_are_preloadable():
