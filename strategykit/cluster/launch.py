@@ -154,6 +154,7 @@ def launch(command: Sequence[str], workers: int, restarts: int = 0, port: int | 
                 if preload and (preloader is None or preloader.gone):
                     if preloader is not None:
                         preloader.close()
+                    _check_program(command, os.environ.get("PATH"))
                     preloader = Preloader(command, network_pid,
                                           {"PYTHONUNBUFFERED": "1", **os.environ})
                 ports = free_ports(workers) if port is None else list(range(port, port + workers))
@@ -322,13 +323,18 @@ def _first_failed(codes: list[int | None]) -> int | None:
     return min(failed, key=lambda k: (codes[k] > 0, k)) if failed else None
 
 
-def _start(command: list[str], env: dict[str, str], network_pid: int | None) -> subprocess.Popen:
-    """Starts one worker in a process group of its own, guarded to die with the launcher."""
+def _check_program(command: list[str], path: str | None) -> None:
+    """Raises the ValueError of a program that cannot start: through the orphan guard, a
+    missing one would show only as exit 127."""
     program = command[0]
-    if shutil.which(program, path=env.get("PATH")) is None:
-        # Checked here: through the guard, a missing program would show only as exit 127.
+    if shutil.which(program, path=path) is None:
         reason = errno.EACCES if os.path.isfile(program) else errno.ENOENT
         raise _cannot_start(command, os.strerror(reason))
+
+
+def _start(command: list[str], env: dict[str, str], network_pid: int | None) -> subprocess.Popen:
+    """Starts one worker in a process group of its own, guarded to die with the launcher."""
+    _check_program(command, env.get("PATH"))
     try:
         return subprocess.Popen(guarded(command, os.getpid(), network_pid), env=env,
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,

@@ -87,14 +87,11 @@ class Preloader:
         self._log = tempfile.TemporaryFile()
         server = [command[0], "-m", "strategykit.cluster.preload_server",
                   str(server_end.fileno())]
-        try:
+        try:  # the launcher has checked that the command's program can start
             self._server = subprocess.Popen(
                 guarded(server, os.getpid(), network_pid), env=dict(env),
                 stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log,
                 pass_fds=(server_end.fileno(),), start_new_session=True)
-        except OSError as error:
-            raise ValueError(f"cannot start {command[0]!r}: {error.strerror}. Received: "
-                             f"command={list(command)}. Check the command after --.") from error
         finally:
             server_end.close()
         self._started: list[int] = []
