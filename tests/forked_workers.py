@@ -120,38 +120,19 @@ def _send(message: dict) -> None:
 
 
 def _become_worker(request: dict) -> None:
-    """In the forked child: becomes `python script args...`; ends the process."""
-    os.setsid()
-    os.environ.clear()
-    os.environ.update(request["env"])
-    stdin = os.open(os.devnull, os.O_RDONLY)
-    stdout = os.open(request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    stderr = os.open(request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    for fd, target in ((stdin, 0), (stdout, 1), (stderr, 2)):
-        os.dup2(fd, target)
-        os.close(fd)
-    import numpy as np
+    """In the forked child: becomes `python script args...` (as a worker of `strategykit
+    launch --preload` does, `preload_server.become_worker`); ends the process."""
+    from strategykit.cluster.preload_server import become_worker
 
-    np.random.seed()  # as a fresh process would (Python's `random` is reseeded by fork)
-    script = request["script"]
-    sys.argv = [script, *request["args"]]
-    sys.path[0] = os.path.dirname(os.path.abspath(script))
-    import runpy
-    import traceback
-
-    code = 0
+    fds = [os.open(request[name], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+           for name in ("stdout", "stderr")]
     try:
-        runpy.run_path(script, run_name="__main__")
+        become_worker({"command": [request["script"], *request["args"]],
+                       "env": request["env"]}, fds)
     except SystemExit as exit:
         if request["teardown"]:
             raise
-        code = _exit_code(exit)
-    except BaseException:
-        traceback.print_exc()
-        code = 1
-    if request["teardown"]:
-        raise SystemExit(code)
-    _end_without_teardown(code)
+        _end_without_teardown(_exit_code(exit))
 
 
 def _exit_code(exit: SystemExit) -> int:
@@ -199,7 +180,6 @@ def _serve() -> None:
                 request = json.loads(line)
                 pid = os.fork()
                 if pid == 0:
-                    signal.signal(signal.SIGINT, signal.default_int_handler)
                     _become_worker(request)
                 running.add(pid)
                 _send({"started": pid})
