@@ -1,5 +1,7 @@
 """convert_sync_batchnorm: every BatchNormalization synchronized, every weight kept exactly."""
 
+import functools
+
 import keras
 import numpy as np
 import pytest
@@ -110,12 +112,19 @@ def test_inside_a_strategy_scope_the_variables_belong_to_it(make_strategy):
                                atol=1e-6)
 
 
-@pytest.mark.parametrize("application", ["ResNet50", "MobileNetV2", "EfficientNetB0"])
-def test_keras_applications_predict_identically(application):
+@functools.cache
+def application_and_converted(application):
+    """A Keras application (random weights, 32 x 32 inputs) and its conversion, built once:
+    neither test using them changes either."""
     keras.utils.set_random_seed(0)
     model = getattr(keras.applications, application)(
         weights=None, input_shape=(32, 32, 3), classes=10)
-    converted = sk.convert_sync_batchnorm(model)
+    return model, sk.convert_sync_batchnorm(model)
+
+
+@pytest.mark.parametrize("application", ["ResNet50", "MobileNetV2", "EfficientNetB0"])
+def test_keras_applications_predict_identically(application):
+    model, converted = application_and_converted(application)
     original_norms, converted_norms = batch_norms(model), batch_norms(converted)
     assert len(original_norms) > 40 and converted_norms.keys() == original_norms.keys()
     assert all(type(layer) is sk.SyncBatchNormalization for layer in converted_norms.values())
@@ -125,8 +134,7 @@ def test_keras_applications_predict_identically(application):
 
 
 def test_converted_resnet50_save_and_load_round_trip(tmp_path):
-    model = keras.applications.ResNet50(weights=None, input_shape=(32, 32, 3), classes=10)
-    converted = sk.convert_sync_batchnorm(model)
+    model, converted = application_and_converted("ResNet50")
     path = tmp_path / "resnet50.keras"
     converted.save(path)
     loaded = keras.models.load_model(path)

@@ -324,7 +324,11 @@ def test_one_training_step_equals_one_device(make_strategy, replicas):
     report = sk.check(conv_net_fn(sk.SyncBatchNormalization), data, strategy=strategy,
                       global_batch_size=4 * replicas, steps=1, tolerance=1e-5)
     assert report.passed, str(report)
-    unsynchronized = sk.check(conv_net_fn(keras.layers.BatchNormalization), data,
-                              strategy=strategy, global_batch_size=4 * replicas, steps=1,
-                              tolerance=1e-5)
-    assert not unsynchronized.passed  # the data makes the synchronization visible
+    if replicas == 4:
+        # The data makes the synchronization visible: unsynchronized batch norm ends 1.0
+        # away. A check of the data, not of the layer, so made once: on 2 replicas (its
+        # own 8 examples) it ends 0.89 away, measured when this check was made 4-only.
+        unsynchronized = sk.check(conv_net_fn(keras.layers.BatchNormalization), data,
+                                  strategy=strategy, global_batch_size=4 * replicas, steps=1,
+                                  tolerance=1e-5)
+        assert not unsynchronized.passed

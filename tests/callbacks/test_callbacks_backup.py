@@ -49,8 +49,12 @@ def _data(examples=64):
     return x, (x @ np.array([[1.0], [-2.0], [0.5]], "float32") + 1).astype("float32")
 
 
-def _fit(strategy, callbacks, epochs=EPOCHS, sync_bn=False, examples=64, seed=None):
-    with strategy.scope():
+@functools.cache
+def _model(replicas, sync_bn):
+    """The model `_fit` trains on `replicas` replicas, its initial weights and its optimizer's
+    initial variables: built, compiled and traced once per test process (tracing is most
+    of a fit's cost here), reset to that state before each fit."""
+    with sk.mirrored(cpu_devices(replicas)).scope():
         model = bn_regressor()
         if sync_bn:
             model = sk.convert_sync_batchnorm(model)
@@ -60,8 +64,23 @@ def _fit(strategy, callbacks, epochs=EPOCHS, sync_bn=False, examples=64, seed=No
         else:
             optimizer = keras.optimizers.Adam(0.01)
         model.compile(optimizer, "mse")  # both have state to restore
-    data = sk.shard(_data(examples), strategy, global_batch_size=16, shuffle=seed is not None,
-                    seed=seed)
+        optimizer.build(model.trainable_variables)
+    return model, model.get_weights(), [v.numpy() for v in optimizer.variables]
+
+
+def _fit(replicas, callbacks, epochs=EPOCHS, sync_bn=False, examples=64, seed=None):
+    """Trains `_model(replicas, sync_bn)` from its initial state, as a new model would.
+
+    Returns:
+        The model (shared: read it before the next `_fit`).
+    """
+    model, weights, optimizer_variables = _model(replicas, sync_bn)
+    model.set_weights(weights)  # batch norm's moving statistics included
+    for variable, value in zip(model.optimizer.variables, optimizer_variables, strict=True):
+        variable.assign(value)  # the step count and the moments: state a backup restores
+    model._initial_epoch = None  # set by a restore; a fit that raised leaves it
+    data = sk.shard(_data(examples), model.distribute_strategy, global_batch_size=16,
+                    shuffle=seed is not None, seed=seed)
     model.fit(data, epochs=epochs, verbose=0, callbacks=callbacks)
     return model
 
@@ -72,7 +91,7 @@ def _uninterrupted(replicas, **run):
 
     Computed once per run in a test process: several tests resume that same run.
     """
-    return _fit(sk.mirrored(cpu_devices(replicas)), [], **run).get_weights()
+    return _fit(replicas, [], **run).get_weights()
 
 
 def _assert_same_weights(model, reference_weights, tolerance=1e-6):
@@ -80,34 +99,33 @@ def _assert_same_weights(model, reference_weights, tolerance=1e-6):
         np.testing.assert_allclose(weights, expected, rtol=tolerance, atol=tolerance)
 
 
-def test_resumes_after_the_last_completed_epoch(make_strategy, tmp_path):
-    strategy = make_strategy(2)
+def test_resumes_after_the_last_completed_epoch(tmp_path):
     uninterrupted = _uninterrupted(2)
     backup = sk.callbacks.BackupAndRestore(tmp_path / "backup")
     with pytest.raises(KeyboardInterrupt):
-        _fit(strategy, [backup, _Interrupt(3)])
+        _fit(2, [backup, _Interrupt(3)])
     assert [os.path.basename(b) for b in backup.backups()] == ["backup-000002"]
     epochs = _Epochs()
-    resumed = _fit(strategy, [sk.callbacks.BackupAndRestore(tmp_path / "backup"), epochs])
+    resumed = _fit(2, [sk.callbacks.BackupAndRestore(tmp_path / "backup"), epochs])
     assert epochs.seen == [3, 4, 5]  # epochs 0-2 not done again
     _assert_same_weights(resumed, uninterrupted)  # Adam's moments restored too
     assert not os.path.exists(tmp_path / "backup")  # delete_checkpoint=True
 
 
 @pytest.mark.parametrize("written_on, resumed_on", [(4, 2), (1, 4)])
-def test_a_backup_resumes_exactly_on_another_number_of_replicas(
-        make_strategy, tmp_path, written_on, resumed_on):
+def test_a_backup_resumes_exactly_on_another_number_of_replicas(tmp_path, written_on,
+                                                                resumed_on):
     # The same global batch of 16 on every number of replicas; synchronized batch norm
     # normalizes over all 16 whatever the split, so the steps' arithmetic is the same.
     uninterrupted = _uninterrupted(2, sync_bn=True)
     with pytest.raises(KeyboardInterrupt):
-        _fit(make_strategy(written_on), [sk.callbacks.BackupAndRestore(tmp_path / "b"),
-                                         _Interrupt(3)], sync_bn=True)
+        _fit(written_on, [sk.callbacks.BackupAndRestore(tmp_path / "b"), _Interrupt(3)],
+             sync_bn=True)
     epochs = _Epochs()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        resumed = _fit(make_strategy(resumed_on),
-                       [sk.callbacks.BackupAndRestore(tmp_path / "b"), epochs], sync_bn=True)
+        resumed = _fit(resumed_on, [sk.callbacks.BackupAndRestore(tmp_path / "b"), epochs],
+                       sync_bn=True)
     assert _inexact(caught) == []  # nothing to warn about: the resume is exact
     assert epochs.seen == [3, 4, 5]
     _assert_same_weights(resumed, uninterrupted, tolerance=1e-5)
@@ -115,37 +133,37 @@ def test_a_backup_resumes_exactly_on_another_number_of_replicas(
 
 @pytest.fixture(scope="module")
 def backup_of_two_epochs(tmp_path_factory):
-    """A backup of a run on 2 replicas interrupted at the start of epoch 2, written once
-    for the tests that resume it (each on a copy: a finished resume deletes it)."""
+    """A backup of a run on 1 replica interrupted at the start of epoch 2, written once
+    for the tests that resume it (each on a copy: a finished resume deletes it). One
+    replica and two: the other tests' models (`_model`), so no more are traced; the
+    warning compares the two counts, whichever they are."""
     backup_dir = tmp_path_factory.mktemp("backup") / "b"
     with pytest.raises(KeyboardInterrupt):
-        _fit(sk.mirrored(cpu_devices(2)),
-             [sk.callbacks.BackupAndRestore(backup_dir), _Interrupt(2)])
+        _fit(1, [sk.callbacks.BackupAndRestore(backup_dir), _Interrupt(2)])
     return backup_dir
 
 
-def test_resuming_unsynchronized_batch_norm_on_other_replicas_warns_once(
-        make_strategy, tmp_path, backup_of_two_epochs):
+def test_resuming_unsynchronized_batch_norm_on_other_replicas_warns_once(tmp_path,
+                                                                           backup_of_two_epochs):
     shutil.copytree(backup_of_two_epochs, tmp_path / "b")
     with pytest.warns(UserWarning) as caught:
-        _fit(make_strategy(4), [sk.callbacks.BackupAndRestore(tmp_path / "b")])
+        _fit(2, [sk.callbacks.BackupAndRestore(tmp_path / "b")])
     inexact = _inexact(caught)
     assert len(inexact) == 1
     assert re.fullmatch(
-        r"Resuming from .*backup-000001, written by 2 replicas, on 4 replicas: the batch "
+        r"Resuming from .*backup-000001, written by 1 replica, on 2 replicas: the batch "
         r"norm layers \['batch_normalization(_\d+)?'\] are not synchronized, so each "
-        r"normalizes over its replica's share of the global batch, now 1/4 instead of 1/2\. "
+        r"normalizes over its replica's share of the global batch, now 1/2 instead of 1/1\. "
         r"Training goes on, but not exactly as the uninterrupted run would have\. For an "
         r"exact resume on any number of replicas, synchronize them: model = "
         r"sk\.convert_sync_batchnorm\(model\)\.", inexact[0]), inexact[0]
 
 
-def test_resuming_on_the_same_replicas_does_not_warn(make_strategy, tmp_path,
-                                                     backup_of_two_epochs):
+def test_resuming_on_the_same_replicas_does_not_warn(tmp_path, backup_of_two_epochs):
     shutil.copytree(backup_of_two_epochs, tmp_path / "b")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        _fit(make_strategy(2), [sk.callbacks.BackupAndRestore(tmp_path / "b")])
+        _fit(1, [sk.callbacks.BackupAndRestore(tmp_path / "b")])
     assert _inexact(caught) == []
 
 
@@ -154,8 +172,7 @@ def _inexact(caught) -> list[str]:
     return [str(w.message) for w in caught if "not synchronized" in str(w.message)]
 
 
-def test_a_backup_torn_by_a_kill_is_never_read(make_strategy, tmp_path, monkeypatch):
-    strategy = make_strategy(2)
+def test_a_backup_torn_by_a_kill_is_never_read(tmp_path, monkeypatch):
     uninterrupted = _uninterrupted(2)
     save_weights = keras.Model.save_weights
 
@@ -169,35 +186,33 @@ def test_a_backup_torn_by_a_kill_is_never_read(make_strategy, tmp_path, monkeypa
     epochs = _Epochs()
     monkeypatch.setattr(keras.Model, "save_weights", killed_while_writing)
     with pytest.raises(KeyboardInterrupt):
-        _fit(strategy, [epochs, sk.callbacks.BackupAndRestore(tmp_path / "backup")])
+        _fit(2, [epochs, sk.callbacks.BackupAndRestore(tmp_path / "backup")])
     monkeypatch.undo()
     assert os.path.isdir(tmp_path / "backup" / ".writing")  # the torn one, set aside
     epochs = _Epochs()
-    resumed = _fit(strategy, [sk.callbacks.BackupAndRestore(tmp_path / "backup"), epochs])
+    resumed = _fit(2, [sk.callbacks.BackupAndRestore(tmp_path / "backup"), epochs])
     assert epochs.seen == [3, 4, 5]  # from the backup before: epoch 2's
     _assert_same_weights(resumed, uninterrupted)
 
 
-def test_double_checkpoint_keeps_two_and_falls_back(make_strategy, tmp_path):
-    strategy = make_strategy(1)
+def test_double_checkpoint_keeps_two_and_falls_back(tmp_path):
     backup = sk.callbacks.BackupAndRestore(tmp_path / "b", double_checkpoint=True,
                                            delete_checkpoint=False)
-    _fit(strategy, [backup], epochs=3)
+    _fit(1, [backup], epochs=3)
     newest, before = backup.backups()[::-1]
     assert [os.path.basename(b) for b in (before, newest)] == ["backup-000001", "backup-000002"]
     with open(os.path.join(newest, "latest.weights.h5"), "wb") as file:
         file.write(b"not a weights file")
     epochs = _Epochs()
-    _fit(strategy, [sk.callbacks.BackupAndRestore(tmp_path / "b", double_checkpoint=True),
-                    epochs], epochs=3)
+    _fit(1, [sk.callbacks.BackupAndRestore(tmp_path / "b", double_checkpoint=True), epochs],
+         epochs=3)
     assert epochs.seen == [2]  # the newest is unreadable: resumed from the one before
 
 
-def test_save_freq_in_batches(make_strategy, tmp_path):
-    strategy = make_strategy(2)
+def test_save_freq_in_batches(tmp_path):
     backup = sk.callbacks.BackupAndRestore(tmp_path / "b", save_freq=3,
                                            delete_checkpoint=False)
-    _fit(strategy, [backup], epochs=2)  # 4 batches an epoch: saved after batches 3, 6
+    _fit(2, [backup], epochs=2)  # 4 batches an epoch: saved after batches 3, 6
     assert len(backup.backups()) == 1
     assert os.path.basename(backup.backups()[0]) == "backup-000001"
 
@@ -230,15 +245,14 @@ class _Steps(keras.callbacks.Callback):
         self._epoch = epoch
 
 
-def test_sigterm_backs_up_the_step_and_a_rerun_goes_on_from_the_next(make_strategy, tmp_path):
+def test_sigterm_backs_up_the_step_and_a_rerun_goes_on_from_the_next(tmp_path):
     # 96 examples, global batch 16: 6 steps an epoch, shuffled by a seed; sync BN, SGD
     # with momentum. SIGTERM during step 3 of epoch 1: back up after step 3, exit 42.
-    strategy = make_strategy(2)
     run = dict(epochs=3, sync_bn=True, examples=96, seed=5)
     uninterrupted = _uninterrupted(2, **run)
     backup = sk.callbacks.BackupAndRestore(tmp_path / "b")
     with pytest.raises(SystemExit) as exited:
-        _fit(strategy, [_Sigterm(epoch=1, step=3), backup], **run)
+        _fit(2, [_Sigterm(epoch=1, step=3), backup], **run)
     assert exited.value.code == sk.callbacks.BackupAndRestore.EXIT_CODE == 42
     assert signal.getsignal(signal.SIGTERM) is not preemption._on_sigterm  # given back
     (written,) = backup.backups()
@@ -247,22 +261,21 @@ def test_sigterm_backs_up_the_step_and_a_rerun_goes_on_from_the_next(make_strate
     steps = _Steps()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        resumed = _fit(strategy, [sk.callbacks.BackupAndRestore(tmp_path / "b"), steps], **run)
+        resumed = _fit(2, [sk.callbacks.BackupAndRestore(tmp_path / "b"), steps], **run)
     assert steps.seen == {1: 3, 2: 6}  # steps 4-6 of epoch 1, then epoch 2 whole
     assert not [w for w in caught if "ran out of data" in str(w.message)]
     _assert_same_weights(resumed, uninterrupted, tolerance=1e-5)
 
 
-def test_a_save_freq_backup_resumes_at_the_next_step(make_strategy, tmp_path):
-    strategy = make_strategy(2)
+def test_a_save_freq_backup_resumes_at_the_next_step(tmp_path):
     # The sigterm test's run (3 epochs), so that their uninterrupted run is computed once.
     run = dict(epochs=3, sync_bn=True, examples=96, seed=5)
     uninterrupted = _uninterrupted(2, **run)
     with pytest.raises(KeyboardInterrupt):  # backed up after step 4 of epoch 0
-        _fit(strategy, [sk.callbacks.BackupAndRestore(tmp_path / "b", save_freq=4),
+        _fit(2, [sk.callbacks.BackupAndRestore(tmp_path / "b", save_freq=4),
                         _Interrupt(1)], **run)
     steps = _Steps()
-    resumed = _fit(strategy, [sk.callbacks.BackupAndRestore(tmp_path / "b"), steps], **run)
+    resumed = _fit(2, [sk.callbacks.BackupAndRestore(tmp_path / "b"), steps], **run)
     assert steps.seen == {0: 2, 1: 6, 2: 6}
     _assert_same_weights(resumed, uninterrupted, tolerance=1e-5)
 

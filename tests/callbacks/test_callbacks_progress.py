@@ -1,5 +1,9 @@
 """CrossReplicaLoss(progress=...): what the progress bar shows, and that the logs keep all."""
 
+import contextlib
+import functools
+import io
+
 import keras
 import numpy as np
 import pytest
@@ -17,20 +21,38 @@ def regressor():
     return model
 
 
+@functools.cache
+def strategy(replicas: int):
+    return sk.mirrored(cpu_devices(replicas))
+
+
 def data(replicas: int, **options):
     x = np.random.default_rng(0).normal(size=(40, 3)).astype("float32")
-    strategy = sk.mirrored(cpu_devices(replicas))
-    return strategy, sk.shard((x, x.sum(1)), strategy, global_batch_size=4 * replicas,
-                              **options)
+    return sk.shard((x, x.sum(1)), strategy(replicas), global_batch_size=4 * replicas,
+                    **options)
+
+
+@functools.cache
+def quietly_fitted(replicas: int):
+    """A model on `replicas` replicas, traced by a first fit with verbose=0, and what that
+    fit printed. The tests on a replica count share it: fit() again with a new callback
+    (its bar and keys) traces nothing again (test_callbacks_reuse.py), so each shows its
+    bar at the cost of its steps only. Only `test_verbose_zero_prints_nothing` needs the
+    fresh model, since a first fit is when the steps are hooked and traced."""
+    with strategy(replicas).scope():
+        model = regressor()
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        model.fit(data(replicas), epochs=1, verbose=0, shuffle=False,
+                  callbacks=[sk.callbacks.CrossReplicaLoss()])
+    return model, out.getvalue()
 
 
 def fit_output(capsys, replicas, callbacks, **fit_options):
-    strategy, train = data(replicas)
-    with strategy.scope():
-        model = regressor()
+    model, _ = quietly_fitted(replicas)
     capsys.readouterr()
-    history = model.fit(train, epochs=2, verbose=1, shuffle=False, callbacks=callbacks,
-                        **fit_options)
+    history = model.fit(data(replicas), epochs=2, verbose=1, shuffle=False,
+                        callbacks=callbacks, **fit_options)
     return capsys.readouterr().out, history, model
 
 
@@ -75,9 +97,8 @@ def test_progress_chooses_the_keys(capsys, progress, replicas, shown, hidden):
 
 def test_validation_keys_follow_their_names(capsys):
     # 2 replicas showing the spread, as 4 do by default, at half the tracing.
-    strategy, val = data(2, pad_remainder=False)
     out, history, _ = fit_output(capsys, 2, [sk.callbacks.CrossReplicaLoss(progress="spread")],
-                                 validation_data=val)
+                                 validation_data=data(2, pad_remainder=False))
     final = progress_lines(out)[-1]
     assert "val_loss/min:" in final and "val_loss/max:" in final
     assert "val_loss/replica_0" not in final
@@ -104,27 +125,21 @@ def test_keys_of_callbacks_listed_later_reach_the_bar(capsys):
 def test_the_same_callback_draws_evaluate_and_predict_bars_after_fit(capsys):
     # 2 replicas showing the spread, as 4 do by default, at half the tracing.
     callback = sk.callbacks.CrossReplicaLoss(progress="spread")
-    strategy, _ = data(2)
     _, _, model = fit_output(capsys, 2, [callback])
     x = np.random.default_rng(1).normal(size=(40, 3)).astype("float32")
-    model.evaluate(sk.shard((x, x.sum(1)), strategy, global_batch_size=16,
+    model.evaluate(sk.shard((x, x.sum(1)), strategy(2), global_batch_size=16,
                             pad_remainder=False), callbacks=[callback])
     evaluation = progress_lines(capsys.readouterr().out)
     assert evaluation[-1].startswith("3/3 ") and "loss/min:" in evaluation[-1]
     assert "loss/replica_0" not in evaluation[-1]
-    model.predict(sk.shard(x, strategy, global_batch_size=16, pad_remainder=False),
+    model.predict(sk.shard(x, strategy(2), global_batch_size=16, pad_remainder=False),
                   callbacks=[callback])
     assert progress_lines(capsys.readouterr().out)[-1].startswith("3/3 ")
 
 
-def test_verbose_zero_prints_nothing(capsys):
-    strategy, train = data(4)
-    with strategy.scope():
-        model = regressor()
-    capsys.readouterr()
-    model.fit(train, epochs=1, verbose=0, shuffle=False,
-              callbacks=[sk.callbacks.CrossReplicaLoss()])
-    assert capsys.readouterr().out == ""
+def test_verbose_zero_prints_nothing():
+    # The shared 4-replica model's first fit, on the fresh model.
+    assert quietly_fitted(4)[1] == ""
 
 
 def test_eight_replicas_fit_a_terminal(run_python):

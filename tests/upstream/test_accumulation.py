@@ -6,6 +6,7 @@ micro-batches of N x B. The data is random, so every replica gets different exam
 and the tests fail when the cross-replica reduction is removed.
 """
 
+import contextlib
 import functools
 
 import keras
@@ -16,6 +17,7 @@ import tensorflow as tf
 import strategykit as sk
 from strategykit import upstream
 
+from conftest import cpu_devices
 from workers import run_workers
 
 K = 4  # micro-steps per update
@@ -68,6 +70,27 @@ def _fit_replicated(strategy, optimizer, steps, data, normalization=None, **fit_
 def _fit_one_device(optimizer, steps, data, normalization=None, **fit_kwargs):
     model = _regressor(optimizer, steps, normalization)
     model.fit(*data, shuffle=False, verbose=0, **fit_kwargs)
+    return model
+
+
+@functools.cache
+def _shared(optimizer, replicas=None):
+    """A model of `_regressor(optimizer, K)` on `replicas` replicas (one device when None),
+    its initial weights and its optimizer's initial variables (accumulators and micro-step
+    count included). Built and traced once per test process: several tests fit the same
+    one on batches of the same shape, each from that state (`_fresh`)."""
+    with sk.mirrored(cpu_devices(replicas)).scope() if replicas else contextlib.nullcontext():
+        model = _regressor(optimizer, K)
+        model.optimizer.build(model.trainable_variables)
+    return model, model.get_weights(), [v.numpy() for v in model.optimizer.variables]
+
+
+def _fresh(optimizer, replicas=None):
+    """`_shared(optimizer, replicas)` reset to its initial state, as a new model would be."""
+    model, weights, optimizer_variables = _shared(optimizer, replicas)
+    model.set_weights(weights)
+    for variable, value in zip(model.optimizer.variables, optimizer_variables, strict=True):
+        variable.assign(value)
     return model
 
 
@@ -132,13 +155,12 @@ def test_keras_optimizer_inherits_the_replaced_method():
 # and each optimizer's accumulation the same code for any number of replicas.
 @pytest.mark.parametrize("name, replicas", [("sgd_momentum", 2), ("adam", 2), ("adamw", 2),
                                             ("adamw", 4)])
-def test_fit_equals_one_device_on_the_accumulated_batch(make_strategy, name, replicas):
+def test_fit_equals_one_device_on_the_accumulated_batch(name, replicas):
     data = _data(replicas * K * B * 3)  # 3 updates per epoch
-    model = _fit_replicated(make_strategy(replicas), name, K, data,
-                            batch_size=replicas * B, epochs=2)
+    model, keras_accumulation = _fresh(name, replicas), _fresh(name)
+    for trained in (model, keras_accumulation):
+        trained.fit(*data, batch_size=replicas * B, epochs=2, shuffle=False, verbose=0)
     large_batch = _one_device_on_the_accumulated_batch(name, replicas)
-    keras_accumulation = _fit_one_device(name, K, data, batch_size=replicas * B,
-                                         epochs=2)
     assert _difference(large_batch, _regressor(name, None)) > 0.01  # it trained
     assert _difference(model, large_batch) < TOLERANCE
     assert _difference(model, keras_accumulation) < TOLERANCE
@@ -166,12 +188,10 @@ def _fit_counting_updates(model, data, **fit_kwargs) -> list[int]:
     return counts
 
 
-def test_iterations_count_updates_across_epochs(make_strategy):
+def test_iterations_count_updates_across_epochs():
     # 6 micro-steps per epoch: the second window spans the two epochs, as in Keras.
     data, kwargs = _data(2 * B * 6), {"batch_size": 2 * B, "epochs": 2}
-    with make_strategy(2).scope():
-        model = _regressor("adam", K)
-    reference = _regressor("adam", K)
+    model, reference = _fresh("adam", 2), _fresh("adam")  # as the test above fits them
     assert _fit_counting_updates(model, data, **kwargs) == [1, 3]
     assert _fit_counting_updates(reference, data, **kwargs) == [1, 3]
     assert _difference(model, reference) < TOLERANCE
@@ -188,7 +208,8 @@ def test_padded_final_batch_counts_as_one_micro_step(make_strategy):
         model = _regressor("sgd_momentum", K)
     model.fit(sk.shard(data, strategy, global_batch_size=2 * B), epochs=2, shuffle=False,
               verbose=0, callbacks=[loss])
-    keras_accumulation = _fit_one_device("sgd_momentum", K, data, batch_size=2 * B, epochs=2)
+    keras_accumulation = _fresh("sgd_momentum")
+    keras_accumulation.fit(*data, batch_size=2 * B, epochs=2, shuffle=False, verbose=0)
     large_batch = _fit_one_device("sgd_momentum", None, data, batch_size=2 * K * B,
                                   epochs=2)
     assert _difference(model, keras_accumulation) < TOLERANCE
