@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "one replica each on CPUs")
     demo.add_argument("--as-worker", action="store_true", help=argparse.SUPPRESS)
     demo.add_argument("--epochs", type=_positive_int, default=None,
-                      help="epochs to train (default 12)")
+                      help="epochs to train (default 6)")
     demo.add_argument("--sync-bn", action=argparse.BooleanOptionalAction, default=True,
                       help="synchronize batch norm across replicas (default: yes)")
     demo.add_argument("--out", default="strategykit-demo",

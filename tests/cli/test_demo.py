@@ -8,7 +8,7 @@ from test_cli import TF_LOG_LINE
 
 import strategykit_console
 from strategykit.cli import commands as cli
-from strategykit.cli.demo import build_classifier, run_demo
+from strategykit.cli.demo import DEFAULT_EPOCHS, build_classifier, run_demo
 
 from conftest import progress_lines
 
@@ -34,7 +34,7 @@ def test_the_readme_demo_reaches_95_percent_and_writes_its_plot_and_history(tmp_
     assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with open(tmp_path / "history.csv") as file:
         history = list(csv.DictReader(file))
-    assert len(history) == 12
+    assert len(history) == DEFAULT_EPOCHS == 6
     assert {f"loss/replica_{k}" for k in range(4)} <= set(history[0])
     # The console: no TensorFlow log line; the bar shows the spread and fits 160 columns.
     output = result.stdout + result.stderr
