@@ -141,50 +141,31 @@ def _sync_bn_classifier(seed=0, steps_per_execution=1):
     return model
 
 
-def _reset(model, weights, optimizer_variables):
-    """`model` as it was when `weights` and `optimizer_variables` were taken (numpy)."""
-    model.set_weights(weights)
-    for variable, value in zip(model.optimizer.variables, optimizer_variables, strict=True):
-        variable.assign(value)
-
-
-def test_steps_per_execution_on_four_replicas_equals_one_device(make_strategy):
-    # 7 steps of 16 (the 7th of 4 real examples when padded): executions of 4 and 3 steps;
-    # 6 when the remainder is dropped: executions of 4 and 2. Both remainders train the
-    # same two models (traced once: the elements have the same shapes either way), each
-    # reset to its initial weights and optimizer state before the second.
+@pytest.mark.parametrize("remainder", ["pad", "drop"])
+def test_steps_per_execution_on_four_replicas_equals_one_device(make_strategy, remainder):
+    # 7 steps of 16 (the 7th of 4 real examples when padded): executions of 4 and 3 steps.
     x, _ = _regression_data(100, seed=2)
     y = (x[:, 0] > 0).astype("int32") + (x[:, 1] > 0.5)
+    drop = remainder == "drop"
+    examples = 96 if drop else 100  # dropped: one device on the same full batches
     single = _sync_bn_classifier()
-    single.optimizer.build(single.trainable_variables)
+    history = single.fit(x[:examples], y[:examples], batch_size=16, epochs=2, shuffle=False,
+                         verbose=0).history
     strategy = make_strategy(4)
     with strategy.scope():
         model = _sync_bn_classifier(steps_per_execution=4)
-        model.optimizer.build(model.trainable_variables)
-    initial = [(m, m.get_weights(), [v.numpy() for v in m.optimizer.variables])
-               for m in (single, model)]
-    for remainder in ("pad", "drop"):
-        for state in initial:
-            _reset(*state)
-        drop = remainder == "drop"
-        examples = 96 if drop else 100  # dropped: one device on the same full batches
-        history = single.fit(x[:examples], y[:examples], batch_size=16, epochs=2,
-                             shuffle=False, verbose=0).history
-        data = sk.shard((x, y), strategy, global_batch_size=16, drop_remainder=drop)
-        logs = model.fit(data, epochs=2, validation_data=data, verbose=0).history
-        for a, b in zip(single.get_weights(), model.get_weights()):
-            np.testing.assert_allclose(a, b, atol=2e-5, err_msg=remainder)
-        for name in ("loss", "accuracy", "weighted_accuracy"):
-            np.testing.assert_allclose(history[name], logs[name], atol=2e-5,
-                                       err_msg=f"{remainder}: {name}")
-        reference = single.evaluate(x[:examples], y[:examples], batch_size=16, verbose=0,
-                                    return_dict=True)
-        evaluated = model.evaluate(data, verbose=0, return_dict=True)
-        for name, value in reference.items():
-            np.testing.assert_allclose(value, evaluated[name], atol=2e-5,
-                                       err_msg=f"{remainder}: {name}")
-            np.testing.assert_allclose(value, logs[f"val_{name}"][-1], atol=2e-5,
-                                       err_msg=f"{remainder}: val_{name}")
+    data = sk.shard((x, y), strategy, global_batch_size=16, drop_remainder=drop)
+    logs = model.fit(data, epochs=2, validation_data=data, verbose=0).history
+    for a, b in zip(single.get_weights(), model.get_weights()):
+        np.testing.assert_allclose(a, b, atol=2e-5)
+    for name in ("loss", "accuracy", "weighted_accuracy"):
+        np.testing.assert_allclose(history[name], logs[name], atol=2e-5, err_msg=name)
+    reference = single.evaluate(x[:examples], y[:examples], batch_size=16, verbose=0,
+                                return_dict=True)
+    evaluated = model.evaluate(data, verbose=0, return_dict=True)
+    for name, value in reference.items():
+        np.testing.assert_allclose(value, evaluated[name], atol=2e-5, err_msg=name)
+        np.testing.assert_allclose(value, logs[f"val_{name}"][-1], atol=2e-5, err_msg=name)
 
 
 def test_steps_per_execution_counts_every_step_in_callbacks(make_strategy):
