@@ -57,6 +57,23 @@ import keras  # noqa: E402
 import strategykit as sk  # noqa: E402
 
 
+def restorer(model):
+    """A function that sets `model` back to its state of now and returns it: its weights
+    (moving statistics included) and its optimizer's variables (step count, moments,
+    accumulators; build it first, in the model's strategy scope). For tests that share one
+    traced model, each starting it as a new one would start."""
+    weights = model.get_weights()
+    optimizer_values = [variable.numpy() for variable in model.optimizer.variables]
+
+    def restore():
+        model.set_weights(weights)
+        for variable, value in zip(model.optimizer.variables, optimizer_values, strict=True):
+            variable.assign(value)
+        return model
+
+    return restore
+
+
 def bn_regressor(seed: int = 0):
     """A compiled Dense(4) -> BatchNormalization -> Dense(1) regressor on 3 inputs."""
     import keras

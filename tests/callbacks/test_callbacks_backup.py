@@ -17,7 +17,7 @@ import pytest
 import strategykit as sk
 from strategykit.callbacks import preemption
 
-from conftest import bn_regressor, cpu_devices
+from conftest import bn_regressor, cpu_devices, restorer
 
 EPOCHS = 6
 
@@ -51,9 +51,9 @@ def _data(examples=64):
 
 @functools.cache
 def _model(replicas, sync_bn):
-    """The model `_fit` trains on `replicas` replicas, its initial weights and its optimizer's
-    initial variables: built, compiled and traced once per test process (tracing is most
-    of a fit's cost here), reset to that state before each fit."""
+    """A `restorer` of the model `_fit` trains on `replicas` replicas: built, compiled and
+    traced once per test process (tracing is most of a fit's cost here), reset to its
+    initial state before each fit."""
     with sk.mirrored(cpu_devices(replicas)).scope():
         model = bn_regressor()
         if sync_bn:
@@ -65,7 +65,7 @@ def _model(replicas, sync_bn):
             optimizer = keras.optimizers.Adam(0.01)
         model.compile(optimizer, "mse")  # both have state to restore
         optimizer.build(model.trainable_variables)
-    return model, model.get_weights(), [v.numpy() for v in optimizer.variables]
+    return restorer(model)  # the step count and the moments: state a backup restores
 
 
 def _fit(replicas, callbacks, epochs=EPOCHS, sync_bn=False, examples=64, seed=None):
@@ -74,10 +74,7 @@ def _fit(replicas, callbacks, epochs=EPOCHS, sync_bn=False, examples=64, seed=No
     Returns:
         The model (shared: read it before the next `_fit`).
     """
-    model, weights, optimizer_variables = _model(replicas, sync_bn)
-    model.set_weights(weights)  # batch norm's moving statistics included
-    for variable, value in zip(model.optimizer.variables, optimizer_variables, strict=True):
-        variable.assign(value)  # the step count and the moments: state a backup restores
+    model = _model(replicas, sync_bn)()
     model._initial_epoch = None  # set by a restore; a fit that raised leaves it
     data = sk.shard(_data(examples), model.distribute_strategy, global_batch_size=16,
                     shuffle=seed is not None, seed=seed)

@@ -17,7 +17,7 @@ import tensorflow as tf
 import strategykit as sk
 from strategykit import upstream
 
-from conftest import cpu_devices
+from conftest import cpu_devices, restorer
 from workers import run_workers
 
 K = 4  # micro-steps per update
@@ -75,23 +75,19 @@ def _fit_one_device(optimizer, steps, data, normalization=None, **fit_kwargs):
 
 @functools.cache
 def _shared(optimizer, replicas=None):
-    """A model of `_regressor(optimizer, K)` on `replicas` replicas (one device when None),
-    its initial weights and its optimizer's initial variables (accumulators and micro-step
-    count included). Built and traced once per test process: several tests fit the same
-    one on batches of the same shape, each from that state (`_fresh`)."""
+    """A `restorer` of a model of `_regressor(optimizer, K)` on `replicas` replicas (one
+    device when None; its optimizer's accumulators and micro-step count included). Built
+    and traced once per test process: several tests fit the same one on batches of the
+    same shape, each from its initial state (`_fresh`)."""
     with sk.mirrored(cpu_devices(replicas)).scope() if replicas else contextlib.nullcontext():
         model = _regressor(optimizer, K)
         model.optimizer.build(model.trainable_variables)
-    return model, model.get_weights(), [v.numpy() for v in model.optimizer.variables]
+    return restorer(model)
 
 
 def _fresh(optimizer, replicas=None):
     """`_shared(optimizer, replicas)` reset to its initial state, as a new model would be."""
-    model, weights, optimizer_variables = _shared(optimizer, replicas)
-    model.set_weights(weights)
-    for variable, value in zip(model.optimizer.variables, optimizer_variables, strict=True):
-        variable.assign(value)
-    return model
+    return _shared(optimizer, replicas)()
 
 
 @functools.cache
