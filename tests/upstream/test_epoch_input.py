@@ -246,6 +246,10 @@ def test_keras_own_iterators_are_deleted_on_the_reapers_thread(make_strategy, mo
 
     import tensorflow as tf
 
+    # Earlier tests' iterators first: their deletions on the process's reaper can hold up
+    # this test's (seen in CI: over 120 s, after tests that leave many behind).
+    gc.collect()
+    assert iterator_reaper.wait_until_idle(timeout=240)
     reaper = iterator_reaper.IteratorReaper(name="test-reaper")  # not busy with others'
     monkeypatch.setattr(iterator_reaper, "release", reaper.release)
     made, deleted_on = [], []
