@@ -22,16 +22,22 @@ process holds (0.8 s a release in a test process with a few dozen trained models
 notebook's is no smaller), which the user's thread would wait for behind the GIL at
 every epoch. Those cycles go with the process's next ordinary collection.
 
-At exit the thread is stopped after the deletion in progress (`atexit`): a daemon thread
-that comes back from TensorFlow once Python has begun to finalize is ended by the
-interpreter from inside TensorFlow's C++ code, which aborts the process ("FATAL:
-exception not rethrown", exit code 134). Iterators still held are then deleted with
-the rest of the process, as they were before.
+The thread deletes one object at a time. At exit it is stopped after the deletion in
+progress (`atexit`): a daemon thread that comes back from TensorFlow once Python has
+begun to finalize is ended by the interpreter from inside TensorFlow's C++ code, which
+aborts the process ("FATAL: exception not rethrown", exit code 134). The objects it
+still holds are then left to the operating system, which frees a process's memory at
+once: deleted while the interpreter finalizes, each would make the exit wait as long
+as a deletion does (a test process was seen to take minutes to exit).
+
+An object released twice (Keras's loop and a caller can both release one iterator) is
+held once: held twice, its references would never come down to the reaper's alone.
 """
 
 from __future__ import annotations
 
 import atexit
+import ctypes
 import sys
 import threading
 import time
@@ -53,7 +59,7 @@ class IteratorReaper:
 
     def __init__(self, name: str = "strategykit-iterator-reaper"):
         self.name = name
-        self._held: list = []
+        self._held: dict = {}  # id -> object: an object released twice is held once
         # Re-entrant: a garbage collection inside a locked section (any allocation can
         # start one) may run a finalizer that releases an iterator on the same thread.
         self._lock = threading.RLock()
@@ -71,7 +77,7 @@ class IteratorReaper:
                 caller should drop its own references to it.
         """
         with self._lock:
-            self._held.append(iterator)
+            self._held[id(iterator)] = iterator
             if ((self._thread is None or not self._thread.is_alive())
                     and not self._stopping.is_set()):
                 self._thread = threading.Thread(target=self._reap, name=self.name,
@@ -101,23 +107,33 @@ class IteratorReaper:
             self._thread.join()
 
     def _reap(self) -> None:
-        while True:
+        while not self._stopping.is_set():
             self._wake.wait(_POLL_SECONDS)
             self._wake.clear()
-            if self._stopping.is_set():
-                return
-            with self._lock:
-                # Held by the list alone: its reference and getrefcount's argument.
-                free = [i for i in range(len(self._held))
-                        if sys.getrefcount(self._held[i]) <= 2]
-                done = [self._held[i] for i in free]
-                for i in reversed(free):
-                    del self._held[i]
-                self._deleting = len(done)
-            if done:
-                del done[:]  # the deletions that may wait, outside the lock
-                with self._lock:
-                    self._deleting = 0
+            while not self._stopping.is_set() and self._delete_one():
+                pass
+
+    def _delete_one(self) -> bool:
+        """Deletes one object that only this reaper holds; False if there is none."""
+        with self._lock:
+            # Held by the dict alone: its reference and getrefcount's argument. The keys
+            # are copied: a finalizer run by an allocation here may release one more.
+            key = next((key for key in list(self._held)
+                        if sys.getrefcount(self._held[key]) <= 2), None)
+            if key is None:
+                return False
+            doomed = self._held.pop(key)
+            self._deleting = 1
+        del doomed  # the deletion that may wait, outside the lock
+        with self._lock:
+            self._deleting = 0
+        return True
+
+    def _leave_to_the_os(self) -> None:
+        """Makes the objects still held outlive the interpreter (see the module docstring)."""
+        with self._lock:
+            for held in self._held.values():
+                ctypes.pythonapi.Py_IncRef(ctypes.py_object(held))
 
 
 _REAPERS: weakref.WeakSet[IteratorReaper] = weakref.WeakSet()
@@ -154,3 +170,4 @@ def wait_until_idle(timeout: float) -> bool:
 def _stop_all() -> None:
     for reaper in list(_REAPERS):
         reaper.stop()
+        reaper._leave_to_the_os()

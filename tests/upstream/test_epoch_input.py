@@ -141,31 +141,50 @@ def _sync_bn_classifier(seed=0, steps_per_execution=1):
     return model
 
 
-@pytest.mark.parametrize("remainder", ["pad", "drop"])
-def test_steps_per_execution_on_four_replicas_equals_one_device(make_strategy, remainder):
-    # 7 steps of 16 (the 7th of 4 real examples when padded): executions of 4 and 3 steps.
+def _reset(model, weights, optimizer_variables):
+    """`model` as it was when `weights` and `optimizer_variables` were taken (numpy)."""
+    model.set_weights(weights)
+    for variable, value in zip(model.optimizer.variables, optimizer_variables, strict=True):
+        variable.assign(value)
+
+
+def test_steps_per_execution_on_four_replicas_equals_one_device(make_strategy):
+    # 7 steps of 16 (the 7th of 4 real examples when padded): executions of 4 and 3 steps;
+    # 6 when the remainder is dropped: executions of 4 and 2. Both remainders train the
+    # same two models (traced once: the elements have the same shapes either way), each
+    # reset to its initial weights and optimizer state before the second.
     x, _ = _regression_data(100, seed=2)
     y = (x[:, 0] > 0).astype("int32") + (x[:, 1] > 0.5)
-    drop = remainder == "drop"
-    examples = 96 if drop else 100  # dropped: one device on the same full batches
     single = _sync_bn_classifier()
-    history = single.fit(x[:examples], y[:examples], batch_size=16, epochs=2, shuffle=False,
-                         verbose=0).history
+    single.optimizer.build(single.trainable_variables)
     strategy = make_strategy(4)
     with strategy.scope():
         model = _sync_bn_classifier(steps_per_execution=4)
-    data = sk.shard((x, y), strategy, global_batch_size=16, drop_remainder=drop)
-    logs = model.fit(data, epochs=2, validation_data=data, verbose=0).history
-    for a, b in zip(single.get_weights(), model.get_weights()):
-        np.testing.assert_allclose(a, b, atol=2e-5)
-    for name in ("loss", "accuracy", "weighted_accuracy"):
-        np.testing.assert_allclose(history[name], logs[name], atol=2e-5, err_msg=name)
-    reference = single.evaluate(x[:examples], y[:examples], batch_size=16, verbose=0,
-                                return_dict=True)
-    evaluated = model.evaluate(data, verbose=0, return_dict=True)
-    for name, value in reference.items():
-        np.testing.assert_allclose(value, evaluated[name], atol=2e-5, err_msg=name)
-        np.testing.assert_allclose(value, logs[f"val_{name}"][-1], atol=2e-5, err_msg=name)
+        model.optimizer.build(model.trainable_variables)
+    initial = [(m, m.get_weights(), [v.numpy() for v in m.optimizer.variables])
+               for m in (single, model)]
+    for remainder in ("pad", "drop"):
+        for state in initial:
+            _reset(*state)
+        drop = remainder == "drop"
+        examples = 96 if drop else 100  # dropped: one device on the same full batches
+        history = single.fit(x[:examples], y[:examples], batch_size=16, epochs=2,
+                             shuffle=False, verbose=0).history
+        data = sk.shard((x, y), strategy, global_batch_size=16, drop_remainder=drop)
+        logs = model.fit(data, epochs=2, validation_data=data, verbose=0).history
+        for a, b in zip(single.get_weights(), model.get_weights()):
+            np.testing.assert_allclose(a, b, atol=2e-5, err_msg=remainder)
+        for name in ("loss", "accuracy", "weighted_accuracy"):
+            np.testing.assert_allclose(history[name], logs[name], atol=2e-5,
+                                       err_msg=f"{remainder}: {name}")
+        reference = single.evaluate(x[:examples], y[:examples], batch_size=16, verbose=0,
+                                    return_dict=True)
+        evaluated = model.evaluate(data, verbose=0, return_dict=True)
+        for name, value in reference.items():
+            np.testing.assert_allclose(value, evaluated[name], atol=2e-5,
+                                       err_msg=f"{remainder}: {name}")
+            np.testing.assert_allclose(value, logs[f"val_{name}"][-1], atol=2e-5,
+                                       err_msg=f"{remainder}: val_{name}")
 
 
 def test_steps_per_execution_counts_every_step_in_callbacks(make_strategy):
@@ -194,6 +213,7 @@ def test_released_iterators_are_deleted_on_the_reapers_thread():
     reaper = iterator_reaper.IteratorReaper(name="test-reaper")
     held = Noted()
     reaper.release(held)
+    reaper.release(held)  # twice (Keras's loop and a caller can both): held once
     time.sleep(0.5)
     assert reaper.pending() == 1 and not deleted_on  # the caller still holds it
     del held  # the caller's last reference goes; the reaper's is then the only one
@@ -239,6 +259,28 @@ def test_a_deletion_in_progress_ends_before_the_interpreter_exits(run_python, tm
     assert done.exists()
 
 
+def test_at_exit_only_the_deletion_in_progress_is_waited_for(run_python, tmp_path):
+    # Each deletion of an iterator can wait up to a minute on tf.data's threads: the ones
+    # the reaper has not begun are left to the OS, not deleted while Python finalizes.
+    run_python(f"""
+        import time
+        from strategykit.upstream import iterator_reaper
+
+        class SlowToDelete:
+            def __init__(self, name):
+                self.name = name
+
+            def __del__(self):
+                time.sleep(1.0)
+                open({str(tmp_path)!r} + "/deleted-" + self.name, "w").close()
+
+        for name in "abc":
+            iterator_reaper.release(SlowToDelete(name))
+        time.sleep(0.5)  # the reaper has started deleting the first
+    """)
+    assert len(list(tmp_path.glob("deleted-*"))) == 1
+
+
 @pytest.mark.parametrize("steps_per_epoch", [3, None])  # Keras's own loop, both ways
 def test_keras_own_iterators_are_deleted_on_the_reapers_thread(make_strategy, monkeypatch,
                                                                steps_per_epoch):
@@ -246,10 +288,9 @@ def test_keras_own_iterators_are_deleted_on_the_reapers_thread(make_strategy, mo
 
     import tensorflow as tf
 
-    # Earlier tests' iterators first: their deletions on the process's reaper can hold up
-    # this test's (seen in CI: over 120 s, after tests that leave many behind).
+    # Earlier tests' garbage first: what its finalizers release goes to the process's
+    # reaper, not to this test's (an iterator both held would be deleted by neither).
     gc.collect()
-    assert iterator_reaper.wait_until_idle(timeout=240)
     reaper = iterator_reaper.IteratorReaper(name="test-reaper")  # not busy with others'
     monkeypatch.setattr(iterator_reaper, "release", reaper.release)
     made, deleted_on = [], []
@@ -276,5 +317,5 @@ def test_keras_own_iterators_are_deleted_on_the_reapers_thread(make_strategy, mo
     gc.collect()  # on this thread: deletes Keras's epoch iterators, not their iterators
     assert reaper.wait_until_idle(timeout=120)
     assert made_by_fit == (1 if steps_per_epoch else 2)
-    assert len(deleted_on) >= made_by_fit and set(deleted_on) == {"test-reaper"}
+    assert len(deleted_on) == len(made) and set(deleted_on) == {"test-reaper"}
     reaper.stop()
