@@ -287,11 +287,18 @@ def compare(pairs: int, extra: list[str]) -> None:
     for label, figure in ROWS:
         print(f"{label:<40}" + "".join(
             f"  {_cell([figure(r['calls']) for r in ok[v]])}" for v in VARIANTS))
-    worst = max((c["return"], v, c["call"], i + 1) for v in VARIANTS
-                for i, r in enumerate(runs[v]) if r for c in r["calls"])
-    print(f"\nworst return delay: {worst[0]:.3f} s ({worst[1]}, {worst[2]}, process "
-          f"{worst[3]}); target every call <= 0.5 s: {'met' if worst[0] <= 0.5 else 'MISSED'}"
-          f"{' (in the processes that ran)' if not all(map(all, runs.values())) else ''}")
+    print()
+    for variant in VARIANTS:  # the target is strategykit's; the others show what it fixes
+        calls = [(c["return"], c["call"], i + 1) for i, r in enumerate(runs[variant]) if r
+                 for c in r["calls"]]
+        if not calls:
+            continue
+        worst = max(calls)
+        target = (f"; target every call <= 0.5 s: {'met' if worst[0] <= 0.5 else 'MISSED'}"
+                  f"{' (in the processes that ran)' if len(ok[variant]) < pairs else ''}"
+                  if variant == "strategykit" else "")
+        print(f"worst return delay, {variant}: {worst[0]:.3f} s ({worst[1]}, process "
+              f"{worst[2]}){target}")
     print(f"\n{'ratio of fit 1 epoch time':<40} {'median':>7} {'min':>7} {'max':>7} rounds")
     for b in ("keras_distribute", "one_device"):
         ratios = [s["calls"][0]["epoch"] / o["calls"][0]["epoch"]
