@@ -8,6 +8,7 @@ import re
 
 import keras
 
+from strategykit.callbacks.latest_only import LatestOnly
 from strategykit.cluster.roles import is_chief
 
 _REPLICA_KEY = re.compile(r"^(val_)?loss/replica_(\d+)$")
@@ -19,10 +20,13 @@ class LossPlot(keras.callbacks.Callback):
     Reads the `loss/replica_<k>` and `loss/mean` keys that `CrossReplicaLoss` puts into
     the logs (list `CrossReplicaLoss` first); without them it plots Keras's `loss`.
     Validation losses are drawn dashed. In Jupyter the plot updates in place in the cell
-    output; when `path` is given the PNG file is rewritten at every epoch end (by the
-    chief only, when training runs on several workers: `sk.is_chief()`). It draws
-    on its own matplotlib figure with the non-interactive Agg canvas, so it never opens a
-    window, never blocks and leaves pyplot's state alone.
+    output; when `path` is given the PNG file is rewritten after every epoch (by the
+    chief only, when training runs on several workers: `sk.is_chief()`). Outside a
+    notebook the file is drawn on a thread of its own, so training does not wait for it
+    (a plot still being drawn when the next epoch ends is replaced by the newer one), and
+    it holds the last epoch's plot when `fit()` returns. It draws on its own matplotlib
+    figure with the non-interactive Agg canvas, so it never opens a window and leaves
+    pyplot's state alone.
 
     Args:
         path: where to save the PNG, or None (default) for no file.
@@ -52,6 +56,7 @@ class LossPlot(keras.callbacks.Callback):
         self.title = title
         self.history: dict[str, list[float]] = {}
         self._display = None
+        self._file_writer = LatestOnly(self._write_plot_of, name="strategykit-loss-plot")
 
     def on_train_begin(self, logs=None):
         self.history, self._display = {}, None
@@ -62,15 +67,21 @@ class LossPlot(keras.callbacks.Callback):
             self.history.setdefault(key, []).append(float(logs[key]))
         if not self.history:
             return
-        png = self.render()
-        if self.path is not None and is_chief(self.model.distribute_strategy):
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.path.write_bytes(png)
-        if self.show:
+        to_file = self.path is not None and is_chief(self.model.distribute_strategy)
+        if self.show:  # drawn here: the notebook's output belongs to this thread
+            png = self.render()
             self._update_display(png)
+            if to_file:
+                self._write(png)
+        elif to_file:
+            self._file_writer.submit({key: list(values) for key, values in self.history.items()})
 
-    def render(self) -> bytes:
-        """The current plot as PNG bytes."""
+    def on_train_end(self, logs=None):
+        self._file_writer.wait()  # the file holds the last epoch's plot; raises its error
+
+    def render(self, history: dict[str, list[float]] | None = None) -> bytes:
+        """The plot of `history` (default: `self.history`) as PNG bytes."""
+        history = self.history if history is None else history
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
         from matplotlib.ticker import MaxNLocator
@@ -78,7 +89,7 @@ class LossPlot(keras.callbacks.Callback):
         figure = Figure(figsize=(7, 4), dpi=100)
         FigureCanvasAgg(figure)
         axes = figure.add_subplot()
-        for key, values in sorted(self.history.items()):
+        for key, values in sorted(history.items()):
             epochs = range(1, len(values) + 1)
             style = "--" if key.startswith("val_") else "-"
             if _REPLICA_KEY.match(key):
@@ -97,6 +108,13 @@ class LossPlot(keras.callbacks.Callback):
         buffer = io.BytesIO()
         figure.savefig(buffer, format="png")
         return buffer.getvalue()
+
+    def _write_plot_of(self, history: dict[str, list[float]]) -> None:
+        self._write(self.render(history))
+
+    def _write(self, png: bytes) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_bytes(png)
 
     def _update_display(self, png: bytes) -> None:
         from IPython.display import Image, display

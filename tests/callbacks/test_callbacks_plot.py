@@ -1,5 +1,8 @@
 """LossPlot: each replica's loss and the mean, saved as PNG or updated in place in Jupyter."""
 
+import threading
+import time
+
 import IPython.display
 import keras
 import matplotlib.pyplot as plt
@@ -36,6 +39,36 @@ def test_plots_every_replica_and_the_mean_and_saves_a_png(make_strategy, tmp_pat
         assert values == pytest.approx(history[key])
     assert (tmp_path / "out" / "loss.png").read_bytes().startswith(PNG_MAGIC)
     assert plt.get_fignums() == []  # its own Agg figure: pyplot's state is untouched
+
+
+def test_the_file_is_drawn_off_the_training_thread_and_is_the_last_epochs_at_return(
+        make_strategy, tmp_path, monkeypatch):
+    drawn_on = []
+    render = callbacks.LossPlot.render
+
+    def slow(self, history=None):
+        drawn_on.append(threading.current_thread().name)
+        time.sleep(0.5)  # slower than an epoch: a plot waiting is replaced by a newer one
+        return render(self, history)
+
+    monkeypatch.setattr(callbacks.LossPlot, "render", slow)
+    model = small_model(make_strategy(2))
+    plot = callbacks.LossPlot(path=tmp_path / "loss.png", show=False)
+    model.fit(*data(), batch_size=4, epochs=4, verbose=0,
+              callbacks=[callbacks.CrossReplicaLoss(), plot])
+    assert set(drawn_on) == {"strategykit-loss-plot"} and len(drawn_on) < 4
+    assert (tmp_path / "loss.png").read_bytes() == render(plot)  # all 4 epochs
+
+
+def test_an_error_drawing_the_file_is_raised_by_fit(make_strategy, tmp_path, monkeypatch):
+    def broken(self, history=None):
+        raise RuntimeError("no room left on the disk")
+
+    monkeypatch.setattr(callbacks.LossPlot, "render", broken)
+    model = small_model(make_strategy(2))
+    with pytest.raises(RuntimeError, match="no room left on the disk"):
+        model.fit(*data(), batch_size=4, epochs=2, verbose=0,
+                  callbacks=[callbacks.LossPlot(path=tmp_path / "loss.png", show=False)])
 
 
 def test_without_cross_replica_loss_it_plots_keras_loss(make_strategy, tmp_path):
