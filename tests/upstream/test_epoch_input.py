@@ -14,7 +14,7 @@ from tensorflow.python.distribute import input_lib
 import strategykit as sk
 from strategykit.upstream import epoch_input, iterator_reaper
 
-from conftest import bn_regressor
+from conftest import bn_regressor, restorer
 
 
 @pytest.fixture
@@ -141,13 +141,6 @@ def _sync_bn_classifier(seed=0, steps_per_execution=1):
     return model
 
 
-def _reset(model, weights, optimizer_variables):
-    """`model` as it was when `weights` and `optimizer_variables` were taken (numpy)."""
-    model.set_weights(weights)
-    for variable, value in zip(model.optimizer.variables, optimizer_variables, strict=True):
-        variable.assign(value)
-
-
 def test_steps_per_execution_on_four_replicas_equals_one_device(make_strategy):
     # 7 steps of 16 (the 7th of 4 real examples when padded): executions of 4 and 3 steps;
     # 6 when the remainder is dropped: executions of 4 and 2. Both remainders train the
@@ -161,11 +154,10 @@ def test_steps_per_execution_on_four_replicas_equals_one_device(make_strategy):
     with strategy.scope():
         model = _sync_bn_classifier(steps_per_execution=4)
         model.optimizer.build(model.trainable_variables)
-    initial = [(m, m.get_weights(), [v.numpy() for v in m.optimizer.variables])
-               for m in (single, model)]
+    restores = [restorer(single), restorer(model)]
     for remainder in ("pad", "drop"):
-        for state in initial:
-            _reset(*state)
+        for restore in restores:
+            restore()
         drop = remainder == "drop"
         examples = 96 if drop else 100  # dropped: one device on the same full batches
         history = single.fit(x[:examples], y[:examples], batch_size=16, epochs=2,
@@ -239,29 +231,13 @@ def test_a_release_inside_the_reapers_own_lock_does_not_deadlock():
     reaper.stop()
 
 
-def test_a_deletion_in_progress_ends_before_the_interpreter_exits(run_python, tmp_path):
+def test_at_exit_the_deletion_in_progress_ends_and_the_others_are_left_to_the_os(
+        run_python, tmp_path):
     # A daemon thread coming back from TensorFlow after Python began to finalize is ended
     # inside TensorFlow's C++ code, which aborts the process (exit code 134): the reaper
-    # finishes its deletion at exit first. Without that, this deletion is cut short.
-    done = tmp_path / "deleted"
-    run_python(f"""
-        import time
-        from strategykit.upstream import iterator_reaper
-
-        class SlowToDelete:
-            def __del__(self):
-                time.sleep(1.0)
-                open({str(done)!r}, "w").close()
-
-        iterator_reaper.release(SlowToDelete())
-        time.sleep(0.5)  # the reaper has started deleting it
-    """)
-    assert done.exists()
-
-
-def test_at_exit_only_the_deletion_in_progress_is_waited_for(run_python, tmp_path):
-    # Each deletion of an iterator can wait up to a minute on tf.data's threads: the ones
-    # the reaper has not begun are left to the OS, not deleted while Python finalizes.
+    # finishes its deletion at exit first. Without that, the first deletion is cut short.
+    # The ones not begun are left to the OS, not deleted while Python finalizes: each can
+    # wait up to a minute on tf.data's threads. Exactly one of the three is deleted.
     run_python(f"""
         import time
         from strategykit.upstream import iterator_reaper
