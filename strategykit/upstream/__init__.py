@@ -51,6 +51,10 @@ Example:
      'tensorflow/tensorflow#39268', 'tensorflow/tensorflow#67677']
 """
 
+from __future__ import annotations
+
+import warnings
+
 from strategykit.upstream import (
     accumulation,
     epoch_input,
@@ -60,20 +64,41 @@ from strategykit.upstream import (
     worker_files,
 )
 from strategykit.upstream.coordination import COORDINATION_RELIES_ON
-from strategykit.upstream.fix import CHECKED_ON, Fix, fingerprint, original, resolve
+from strategykit.upstream.fix import (
+    CHECKED_ON,
+    Fix,
+    UnknownUpstreamCode,
+    fingerprint,
+    original,
+    resolve,
+)
 from strategykit.upstream.step_count import STEPS_RELIES_ON, state_steps
 
 FIXES = (*accumulation.FIXES, *multi_worker.FIXES, *worker_files.FIXES, *exact_metrics.FIXES,
          *epoch_input.FIXES, *steps_per_execution.FIXES)
 """Every fix, in the order `install()` installs them."""
 
-__all__ = ["CHECKED_ON", "COORDINATION_RELIES_ON", "FIXES", "STEPS_RELIES_ON", "Fix", "fingerprint",
-           "state_steps", "install", "original", "resolve", "uninstall"]
+__all__ = ["CHECKED_ON", "COORDINATION_RELIES_ON", "FIXES", "STEPS_RELIES_ON", "Fix",
+           "UnknownUpstreamCode", "UpstreamVersionWarning", "fingerprint", "install",
+           "original", "resolve", "state_steps", "status", "uninstall"]
+
+
+class UpstreamVersionWarning(UserWarning):
+    """Keras or TensorFlow code that a strategykit fix was not checked on: the features
+    it names refuse when used; everything else works."""
+
+
+_warned = [False]
 
 
 def install() -> None:
     """Installs every fix; idempotent. `sk.mirrored()`, `sk.from_env()` and `sk.shard()`
     call it.
+
+    Each fix first compares its fingerprints with those of the versions it was checked
+    on. Where the code is unknown it installs a guard instead (the feature it fixes
+    raises `UnknownUpstreamCode` when used), and the first such install warns once, in
+    one line, with an `UpstreamVersionWarning`.
 
     Example:
         >>> from strategykit import upstream
@@ -81,11 +106,42 @@ def install() -> None:
         >>> all(fix.installed() for fix in upstream.FIXES)
         True
     """
-    for fix in FIXES:
-        fix.install()
+    refused = [fix for fix in FIXES if not fix.install()]
+    if refused and not _warned[0]:
+        _warned[0] = True
+        import keras
+        import tensorflow as tf
+
+        affected = "; ".join(dict.fromkeys(fix.affects for fix in refused))
+        warnings.warn(
+            f"strategykit was not checked on TensorFlow {tf.__version__} + Keras "
+            f"{keras.__version__} (checked on: {CHECKED_ON}): private upstream code it "
+            f"fixes differs, so these refuse with an error when used: {affected}. "
+            "Everything else works. Install a checked pair, or see `strategykit info`.",
+            UpstreamVersionWarning, stacklevel=2)
 
 
 def uninstall() -> None:
     """Removes every fix, restoring Keras and TensorFlow as they were (for tests)."""
     for fix in FIXES:
         fix.uninstall()
+
+
+def status() -> list[dict]:
+    """Each fix's state, as `strategykit info` lists it.
+
+    Returns:
+        One dict per fix: `issue`, `affects`, `replaces` (the upstream attribute),
+        `state` (`"installed"`, `"refusing"`, `"upstream's own"` or `"not installed"`,
+        see `Fix.state`) and `unknown` (the upstream code that differs from what the
+        fix was checked on, with its fingerprint: empty on a checked version).
+
+    Example:
+        >>> from strategykit import upstream
+        >>> upstream.install()
+        >>> {entry["state"] for entry in upstream.status()}
+        {'installed'}
+    """
+    return [{"issue": fix.issue, "affects": fix.affects,
+             "replaces": f"{fix.owner}.{fix.attribute}", "state": fix.state(),
+             "unknown": fix.unknown_code()} for fix in FIXES]

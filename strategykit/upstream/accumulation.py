@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from strategykit.upstream.fix import CHECKED_ON, Fix, original, resolve
+from strategykit.upstream.fix import Fix, original, resolve
 
 # Every micro-step all-reduces its gradients (True), or each replica accumulates its own
 # and the sums are all-reduced once per update (False, the default; see the fix below).
@@ -36,12 +36,17 @@ _REDUCE_EVERY_MICRO_STEP = False
 # boundaries.
 
 
+def _applies(optimizer, *args, **kwargs) -> bool:
+    """Accumulation under a strategy, in a replica context: where upstream fails."""
+    return bool(optimizer.gradient_accumulation_steps and tf.distribute.has_strategy()
+                and tf.distribute.get_replica_context() is not None)
+
+
 def _accumulating_apply_gradients(self, grads, trainable_variables):
-    context = tf.distribute.get_replica_context()
-    if not (self.gradient_accumulation_steps and tf.distribute.has_strategy()
-            and context is not None):
+    if not _applies(self):
         return original(_tf_optimizer(), "_backend_apply_gradients")(
             self, grads, trainable_variables)
+    context = tf.distribute.get_replica_context()
     grads = list(grads)
     if _REDUCE_EVERY_MICRO_STEP:
         grads = context.all_reduce(tf.distribute.ReduceOp.SUM, grads)
@@ -128,10 +133,11 @@ _BASE = "keras.src.optimizers.base_optimizer:BaseOptimizer"
 FIXES = (
     Fix(
         issue="keras-team/keras#20582",
-        checked_on=CHECKED_ON,
+        affects="gradient_accumulation_steps under a tf.distribute strategy",
         owner=_OPTIMIZER,
         attribute="_backend_apply_gradients",
         replacement=_accumulating_apply_gradients,
+        refuses_when=_applies,
         relies_on={  # the code read or called above, and how upstream accumulates
             f"{_BASE}.__init__": "7d5c171dfc92e81f",  # _iterations: only_first_replica
             f"{_BASE}.apply": "43097be63b919d03",  # counts micro-steps in _iterations

@@ -36,7 +36,7 @@ import weakref
 
 from strategykit.cluster.roles import is_multi_worker
 from strategykit.upstream import iterator_reaper, steps_per_execution
-from strategykit.upstream.fix import CHECKED_ON, Fix, original, resolve
+from strategykit.upstream.fix import Fix, original, resolve
 
 _EPOCH_ITERATOR = "keras.src.backend.tensorflow.trainer:TFEpochIterator"
 _SOURCES = weakref.WeakKeyDictionary()
@@ -68,6 +68,13 @@ def example_batch_of(epoch_iterator):
     build the model from), or None for other data."""
     source = source_of(getattr(epoch_iterator, "_distributed_dataset", None))
     return None if source is None else source.example_batch()
+
+
+def _reads_a_source(epoch_iterator) -> bool:
+    """Where the fix is needed: `sk.shard` data read without `steps_per_epoch` (each
+    epoch must start where training is). Elsewhere it only saves time."""
+    return (epoch_iterator.steps_per_epoch is None
+            and source_of(epoch_iterator._distributed_dataset) is not None)
 
 
 def _enumerate_iterator(self):
@@ -151,10 +158,11 @@ def _executions(self, iterator, steps: int):
 FIXES = (
     Fix(
         issue="tensorflow/tensorflow#67677",
-        checked_on=CHECKED_ON,
+        affects="fit() and evaluate() of sk.shard data",
         owner=_EPOCH_ITERATOR,
         attribute="_enumerate_iterator",
         replacement=_enumerate_iterator,
+        refuses_when=_reads_a_source,
         relies_on={
             # replaced where it applies: a new iterator each epoch (and one more at its end)
             "keras.src.trainers.epoch_iterator:EpochIterator._enumerate_iterator":

@@ -44,7 +44,7 @@ import weakref
 import tensorflow as tf
 
 from strategykit.upstream import metric_state, steps_per_execution
-from strategykit.upstream.fix import CHECKED_ON, Fix, original, resolve
+from strategykit.upstream.fix import Fix, original, resolve
 
 ISSUE = "tensorflow/tensorflow#39268"
 _TRAINER = "keras.src.trainers.trainer:Trainer"
@@ -188,6 +188,18 @@ def _owner():
     return resolve(_TRAINER)
 
 
+def _weighted_on_several_replicas(model, *args, sample_weight=None, **kwargs) -> bool:
+    """Where the fixes are needed: sample weights (as `sk.shard`'s padded batches carry)
+    in a replica context of several replicas."""
+    if len(args) == 4:  # compute_metrics(x, y, y_pred, sample_weight) by position
+        sample_weight = args[3]
+    return (sample_weight is not None and _in_replica_context()
+            and tf.distribute.get_strategy().num_replicas_in_sync > 1)
+
+
+_AFFECTS = "the loss and metrics of a padded final batch (sk.shard) on several replicas"
+
+
 _RELIES_ON = {
     # Keras's steps: `_compute_loss`, then the tracker gets `unscaled loss`, weighted by
     # the batch size, then `compute_metrics` with the same sample weights.
@@ -203,8 +215,10 @@ _RELIES_ON = {
 }
 
 FIXES = (
-    Fix(issue=ISSUE, checked_on=CHECKED_ON, owner=_TRAINER, attribute="_compute_loss",
-        replacement=compute_loss_over_real_examples, relies_on=_RELIES_ON),
-    Fix(issue=ISSUE, checked_on=CHECKED_ON, owner=_TRAINER, attribute="compute_metrics",
-        replacement=compute_metrics_over_real_examples, relies_on=_RELIES_ON),
+    Fix(issue=ISSUE, affects=_AFFECTS, owner=_TRAINER, attribute="_compute_loss",
+        replacement=compute_loss_over_real_examples, relies_on=_RELIES_ON,
+        refuses_when=_weighted_on_several_replicas),
+    Fix(issue=ISSUE, affects=_AFFECTS, owner=_TRAINER, attribute="compute_metrics",
+        replacement=compute_metrics_over_real_examples, relies_on=_RELIES_ON,
+        refuses_when=_weighted_on_several_replicas),
 )

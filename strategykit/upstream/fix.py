@@ -1,13 +1,32 @@
-"""`Fix`: one replaced upstream attribute, pinned to the upstream code it relies on."""
+"""`Fix`: one replaced upstream attribute, pinned to the upstream code it relies on.
+
+Before a fix replaces anything it compares the fingerprints of the private upstream code
+it relies on with those pinned on the versions it was checked on
+(`strategykit.upstream.versions`). On code it knows it installs its replacement. On code
+it does not know (a newer Keras, a patched TensorFlow) it does not guess: it installs a
+guard instead, which hands over to upstream's own code everywhere except where the fix
+was needed (`refuses_when`), and there raises `UnknownUpstreamCode`, which names the
+installed versions, the versions checked, what is affected and what to do. Training
+never goes on differently in silence.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import importlib
 import inspect
+from collections.abc import Callable
 
-CHECKED_ON = "TensorFlow 2.21.0, Keras 3.15.1"
+from strategykit.upstream import versions
+
+CHECKED_ON = versions.describe_checked_on()
+
+
+class UnknownUpstreamCode(RuntimeError):
+    """A strategykit fix met Keras or TensorFlow code it was not checked on, where it is
+    needed: the feature refuses rather than train differently."""
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -16,39 +35,96 @@ class Fix:
 
     Attributes:
         issue: the upstream issue, e.g. `"keras-team/keras#20582"`.
-        checked_on: the versions the fix and its fingerprints were checked on.
+        affects: what users lose where the fix cannot be installed, in a few words, e.g.
+            `"gradient_accumulation_steps under a tf.distribute strategy"`.
         owner: `"module:Class"` whose attribute is replaced, or `"module"` for a
             function of a module (looked up by the module's own code at each call).
         attribute: the name of the replaced attribute.
         replacement: the new attribute; it calls `original(owner_class, attribute)`
             where the fix does not apply.
-        relies_on: `{"module:Class.attribute": fingerprint}` of the private upstream code
-            the fix reads or calls; `fingerprint(name)` must still give these values.
+        relies_on: `{"module:Class.attribute": fingerprints}` of the private upstream
+            code the fix reads or calls, one fingerprint (a string) or several (a tuple:
+            the code differs between the versions checked); `fingerprint(name)` must
+            give one of them.
+        refuses_when: called with the replaced attribute's arguments where the fix
+            cannot be installed: True where upstream's own code would give other
+            results than the fix (an `UnknownUpstreamCode` is raised there). None:
+            upstream's own code is right everywhere, only slower.
     """
 
     issue: str
-    checked_on: str
+    affects: str
     owner: str
     attribute: str
     replacement: object
     relies_on: dict
+    refuses_when: Callable[..., bool] | None = None
 
     def owner_class(self):
         """The class (or module) whose attribute is replaced."""
         return resolve(self.owner)
 
+    def unknown_code(self) -> dict:
+        """`{name: what is found}` of the code relied on that differs from every pinned
+        fingerprint (`"missing"` where it is gone); empty on code the fix knows."""
+        unknown = {}
+        for name, pinned in self.relies_on.items():
+            try:
+                found = fingerprint(name)
+            except (ImportError, AttributeError, TypeError, OSError) as error:
+                found = f"missing ({type(error).__name__})"
+            if found not in ((pinned,) if isinstance(pinned, str) else pinned):
+                unknown[name] = found
+        return unknown
+
     def installed(self) -> bool:
+        """Whether the replacement is in place (not the guard, not upstream's own)."""
         return self.owner_class().__dict__.get(self.attribute) is self.replacement
 
-    def install(self) -> None:
+    def guarded(self) -> bool:
+        """Whether the guard of `refuses_when` is in place: the code was unknown."""
+        guard = _GUARDS.get(self)
+        return guard is not None and self.owner_class().__dict__.get(self.attribute) is guard
+
+    def state(self) -> str:
+        """`"installed"`, `"refusing"` (unknown upstream code: the guard is in place),
+        `"upstream's own"` (unknown code, where upstream's own is right) or `"not
+        installed"`."""
+        if self.installed():
+            return "installed"
+        if self.guarded():
+            return "refusing"
+        if self in _UNKNOWN:
+            return "upstream's own"
+        return "not installed"
+
+    def install(self) -> bool:
+        """Installs the replacement, or where the code is unknown the guard; idempotent.
+
+        Returns:
+            True where the replacement is in place.
+        """
+        if self.installed() or self.guarded():
+            return self.installed()
+        unknown = self.unknown_code()
+        if not unknown:
+            self._replace_with(self.replacement)
+            return True
+        _UNKNOWN[self] = unknown
+        if self.refuses_when is not None:
+            self._replace_with(_GUARDS.setdefault(self, _guard(self)))
+        return False
+
+    def _replace_with(self, replacement) -> None:
         owner = self.owner_class()
-        if not self.installed():
-            _ORIGINALS.setdefault((owner, self.attribute), owner.__dict__.get(self.attribute))
-            setattr(owner, self.attribute, self.replacement)
+        _ORIGINALS.setdefault((owner, self.attribute), owner.__dict__.get(self.attribute))
+        setattr(owner, self.attribute, replacement)
 
     def uninstall(self) -> None:
+        """Puts upstream's own attribute back (replacement or guard); idempotent."""
+        _UNKNOWN.pop(self, None)
         owner = self.owner_class()
-        if not self.installed():
+        if not (self.installed() or self.guarded()):
             return
         original = _ORIGINALS.pop((owner, self.attribute))
         if original is None:
@@ -56,8 +132,43 @@ class Fix:
         else:
             setattr(owner, self.attribute, original)
 
+    def refusal(self) -> str:
+        """The message of the `UnknownUpstreamCode` this fix raises where it refuses."""
+        import keras
+        import tensorflow as tf
+
+        unknown = _UNKNOWN.get(self) or self.unknown_code()
+        return (
+            f"strategykit cannot make {self.affects} work on TensorFlow {tf.__version__} + "
+            f"Keras {keras.__version__}: its fix for {self.issue} relies on private upstream "
+            f"code that differs from the versions it was checked on ({CHECKED_ON}): "
+            f"{', '.join(sorted(unknown))}. Rather than train differently, it refuses. "
+            f"Install a checked pair (e.g. pip install \"keras=={_NEWEST[1]}\" "
+            f"\"tensorflow=={_NEWEST[0]}\"), a strategykit release that supports this one, "
+            f"or train without {self.affects}."
+        )
+
 
 _ORIGINALS: dict = {}
+_GUARDS: dict = {}  # Fix -> its guard function, made once
+_UNKNOWN: dict = {}  # Fix -> its unknown_code() when it was last installed
+_NEWEST = versions.CHECKED_ON[-1]
+
+
+def _guard(fix: Fix):
+    """The attribute installed where `fix`'s code is unknown: upstream's own, except where
+    `fix.refuses_when` says the fix is needed."""
+    original_attribute = fix.owner_class().__dict__.get(fix.attribute)
+    if isinstance(original_attribute, (staticmethod, classmethod, property)):
+        raise TypeError(f"{fix.owner}.{fix.attribute}: a guard replaces functions only")
+
+    @functools.wraps(fix.replacement)
+    def guard(*args, **kwargs):
+        if fix.refuses_when(*args, **kwargs):
+            raise UnknownUpstreamCode(fix.refusal())
+        return original(fix.owner_class(), fix.attribute)(*args, **kwargs)
+
+    return guard
 
 
 def resolve(name: str):
@@ -73,7 +184,7 @@ def resolve(name: str):
 def fingerprint(name: str) -> str:
     """The first 16 hex digits of the SHA-256 of the upstream source code `name` names.
 
-    A name that a fix replaced is fingerprinted as upstream wrote it, installed or not.
+    A name that a fix replaced (or guards) is fingerprinted as upstream wrote it.
     """
     module, _, path = name.partition(":")
     owner_name, _, attribute = f"{module}:{path}".rpartition(".") if "." in path else (

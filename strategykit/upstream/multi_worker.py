@@ -37,7 +37,7 @@ import tensorflow as tf
 
 from strategykit.cluster.roles import is_multi_worker
 from strategykit.upstream import epoch_input
-from strategykit.upstream.fix import CHECKED_ON, Fix, original, resolve
+from strategykit.upstream.fix import Fix, original, resolve
 
 _TRAINER_MODULE = "keras.src.backend.tensorflow.trainer"
 _TRAINER = f"{_TRAINER_MODULE}:TensorFlowTrainer"
@@ -104,8 +104,21 @@ def _build_from_first_replica(self, iterator=None, data_batch=None):
         self, iterator=iterator, data_batch=data_batch)
 
 
+def _build_needs_the_fix(model, iterator=None, data_batch=None) -> bool:
+    """Where upstream's build fails (several workers) or would read an example of
+    `sk.shard`'s data (its pipeline must start at the training position)."""
+    strategy = model._distribute_strategy
+    return data_batch is None and iterator is not None and (
+        epoch_input.source_of(getattr(iterator, "_distributed_dataset", None)) is not None
+        or (strategy is not None and is_multi_worker(strategy)))
+
+
+def _reduces_across_workers(values, strategy, reduction) -> bool:
+    return reduction in ("auto", "mean") and is_multi_worker(strategy)
+
+
 def _reduce_logs_across_workers(values, strategy, reduction):
-    if reduction in ("auto", "mean") and is_multi_worker(strategy):
+    if _reduces_across_workers(values, strategy, reduction):
         return tf.nest.map_structure(
             lambda value: strategy.reduce(tf.distribute.ReduceOp.MEAN, value, axis=None),
             values)
@@ -115,10 +128,11 @@ def _reduce_logs_across_workers(values, strategy, reduction):
 FIXES = (
     Fix(
         issue="keras-team/keras#20585",
-        checked_on=CHECKED_ON,
+        affects="fit() across several workers, and fit() of sk.shard data",
         owner=_TRAINER,
         attribute="_maybe_symbolic_build",
         replacement=_build_from_first_replica,
+        refuses_when=_build_needs_the_fix,
         relies_on={  # replaced; takes the first batch of the epoch iterator
             f"{_TRAINER}._maybe_symbolic_build": "92a504f5eba9b29f",
             # reads the batch only when a layer, the compiled metrics or loss is unbuilt
@@ -127,10 +141,11 @@ FIXES = (
     ),
     Fix(
         issue="keras-team/keras#20585",
-        checked_on=CHECKED_ON,
+        affects="fit() and evaluate() across several workers",
         owner=_TRAINER_MODULE,
         attribute="reduce_per_replica",
         replacement=_reduce_logs_across_workers,
+        refuses_when=_reduces_across_workers,
         relies_on={
             # replaced; "auto" means "mean" outside TPUs
             f"{_TRAINER_MODULE}:reduce_per_replica": "2e7d54b1e6edc29a",

@@ -28,7 +28,7 @@ import contextlib
 
 import tensorflow as tf
 
-from strategykit.upstream.fix import CHECKED_ON, Fix, original, resolve
+from strategykit.upstream.fix import Fix, original, resolve
 
 ISSUE = "keras-team/keras#19246"
 _TRAINER_MODULE = "keras.src.backend.tensorflow.trainer"
@@ -91,6 +91,11 @@ def _own_loop():
         _tracing[0] -= 1
 
 
+def _several_steps_on_several_replicas(model, step_function) -> bool:
+    return (model.steps_per_execution > 1
+            and model.distribute_strategy.num_replicas_in_sync > 1)
+
+
 def _make_function(self, step_function):
     keras_function = original(resolve(_TRAINER), "_make_function")(self, step_function)
     run_steps = None
@@ -141,10 +146,11 @@ def _steps_function(model, step_function):
 FIXES = (
     Fix(
         issue=ISSUE,
-        checked_on=CHECKED_ON,
+        affects="steps_per_execution > 1 on several replicas",
         owner=_TRAINER,
         attribute="_make_function",
         replacement=_make_function,
+        refuses_when=_several_steps_on_several_replicas,
         relies_on={
             # wrapped; its function takes an iterator, runs steps_per_execution steps
             f"{_TRAINER}._make_function": "bb33b7a0da3d2740",

@@ -14,7 +14,8 @@ path stays what the user gave. The user's callback list stays as on one machine.
 from __future__ import annotations
 
 from strategykit.cluster.chief_files import writable_path
-from strategykit.upstream.fix import CHECKED_ON, Fix, original, resolve
+from strategykit.cluster.roles import is_multi_worker
+from strategykit.upstream.fix import Fix, original, resolve
 
 _CALLBACKS = "keras.src.callbacks"
 # The callbacks that write files: the attribute holding the path each writes to, and the
@@ -38,13 +39,18 @@ def _redirecting_set_model(owner: str, attribute: str):
     return set_model
 
 
+def _across_workers(callback, model) -> bool:
+    return is_multi_worker(model.distribute_strategy)
+
+
 FIXES = tuple(
     Fix(
         issue="keras-team/keras#20585",
-        checked_on=CHECKED_ON,
+        affects=f"{owner.rpartition(':')[2]} across several workers",
         owner=owner,
         attribute="set_model",
         replacement=_redirecting_set_model(owner, attribute),
+        refuses_when=_across_workers,
         relies_on={f"{owner}.__init__": init,  # sets the path attribute
                    f"{owner}.set_model": set_model},  # replaced (TensorBoard's reads it)
     )

@@ -7,29 +7,33 @@ for keras-team/keras#20582).
 
 import re
 
+import keras
 import pytest
 import tensorflow as tf
 
 from strategykit import upstream
 
 
-@pytest.mark.parametrize("fix", upstream.FIXES, ids=lambda fix: fix.issue)
+@pytest.mark.parametrize("fix", upstream.FIXES, ids=lambda fix: f"{fix.issue}:{fix.attribute}")
 def test_upstream_code_is_what_the_fix_was_checked_on(fix):
-    changed = {name: upstream.fingerprint(name) for name, expected in fix.relies_on.items()
-               if upstream.fingerprint(name) != expected}
+    changed = fix.unknown_code()
     assert not changed, (
-        f"Upstream code that the fix for {fix.issue} relies on has changed since "
-        f"{fix.checked_on}: {sorted(changed)}. Check whether {fix.issue} is fixed upstream "
-        "(then delete the fix), or re-check the fix against the new code and its tests, "
-        f"then update relies_on in strategykit/upstream/ to {changed}."
+        f"Upstream code that the fix for {fix.issue} relies on differs from the versions "
+        f"it was checked on ({upstream.CHECKED_ON}) on TensorFlow {tf.__version__} + Keras "
+        f"{keras.__version__}: {sorted(changed)}. Check whether {fix.issue} is fixed "
+        "upstream (then the fix is not needed there), or re-check the fix against the new "
+        "code and its tests, then add these fingerprints to relies_on in "
+        f"strategykit/upstream/: {changed}."
     )
 
 
-@pytest.mark.parametrize("fix", upstream.FIXES, ids=lambda fix: fix.issue)
-def test_each_fix_names_its_issue_and_versions(fix):
+@pytest.mark.parametrize("fix", upstream.FIXES, ids=lambda fix: f"{fix.issue}:{fix.attribute}")
+def test_each_fix_names_its_issue_and_what_it_affects(fix):
     assert re.fullmatch(r"[\w.-]+/[\w.-]+#\d+", fix.issue)
-    assert re.search(r"TensorFlow \d+\.\d+\.\d+, Keras \d+\.\d+\.\d+", fix.checked_on)
-    assert fix.relies_on
+    assert fix.affects and fix.relies_on and fix.refuses_when is not None
+    for pinned in fix.relies_on.values():
+        for value in (pinned,) if isinstance(pinned, str) else pinned:
+            assert re.fullmatch(r"[0-9a-f]{16}", value)
 
 
 def test_fixes_are_idempotent_and_removable():

@@ -1,0 +1,27 @@
+"""The TensorFlow and Keras releases strategykit supports and was checked on.
+
+Plain data, importing nothing: `noxfile.py` (the matrix), `pyproject.toml`'s bounds,
+the Compatibility page and the run-time check of the fixes (`strategykit.upstream.fix`)
+all say the same, and tests/upstream/test_versions.py holds them to it.
+"""
+
+CHECKED_ON = (
+    ("2.18.1", "3.8.0"),
+    ("2.20.0", "3.11.3"),
+    ("2.21.0", "3.13.2"),
+    ("2.21.0", "3.15.1"),
+)
+"""The (TensorFlow, Keras) pairs the whole matrix ran on: oldest first, newest last."""
+
+TENSORFLOW_RANGE = (">=2.18", "<2.22")
+KERAS_RANGE = (">=3.8", "<=3.15.1")
+
+
+def describe_checked_on() -> str:
+    """The checked pairs in words.
+
+    Example:
+        >>> describe_checked_on().split("; ")[0]
+        'TensorFlow 2.18.1 + Keras 3.8.0'
+    """
+    return "; ".join(f"TensorFlow {tf} + Keras {keras}" for tf, keras in CHECKED_ON)
