@@ -41,10 +41,14 @@ import threading
 TF_LOG_LINE = re.compile(
     r"^(?:\[worker \d+\] )?"
     r"(?:[IWEF]\d{4} \d\d:\d\d:\d+\.\d+\s+\d+ \S+:\d+\]"
+    r"|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWEF] \S+:\d+\]"
     r"|WARNING: All log messages before absl::InitializeLog\(\) is called)"
 )
 """A line of TensorFlow's C++ log (or absl's notice before its logging starts), also as
-`strategykit launch` forwards a worker's (`[worker k] I0000 ...`)."""
+`strategykit launch` forwards a worker's (`[worker k] I0000 ...`). Both formats:
+absl's (`I0000 00:00:1795452128.332057    2921 port.cc:153] ...`, TensorFlow 2.19 and
+later, and some lines of earlier ones) and TensorFlow's own of 2.18 and earlier
+(`2026-11-27 08:16:03.752152: E external/.../cuda_fft.cc:477] ...`)."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -129,7 +133,7 @@ def _forward(read_end: int, terminal: int) -> None:
             pending += chunk
             lines = re.split(rb"(?<=[\r\n])", pending)
             pending = lines.pop()  # no line end yet (b"" when the chunk ended one)
-            if pending[:1] not in (b"", b"I", b"W", b"E", b"F"):
+            if pending[:1] not in (b"", b"I", b"W", b"E", b"F") and not pending[:1].isdigit():
                 lines.append(pending)  # no log line: a prompt or a progress bar, shown now
                 pending = b""
             _write(terminal, lines)

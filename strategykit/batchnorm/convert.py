@@ -77,7 +77,7 @@ def convert_sync_batchnorm(model: keras.Model, *, synchronized: bool = True) -> 
         if isinstance(layer, keras.Model):  # nested graph models never get here
             _check_no_batch_norm(layer)
         if synchronized and _is_plain_batch_norm(layer):
-            if layer.renorm:
+            if getattr(layer, "renorm", False):  # Keras 3.14 and later have renorm
                 raise ValueError(
                     f"Layer {layer.name!r} uses batch renormalization, which "
                     "sk.SyncBatchNormalization does not support. Received: renorm=True. "

@@ -7,6 +7,7 @@ import json
 import keras
 import tensorflow as tf
 
+from strategykit import upstream
 from strategykit.cluster import environments
 from strategykit.strategy import devices as _devices
 from strategykit.strategy.build import mirrored
@@ -23,8 +24,10 @@ def collect(replicas: int | None = None) -> dict:
     Returns:
         A dict with `tensorflow`, `keras`, `environment` (where the workers of a job
         come from, as `sk.from_env()` detects it: `strategykit.cluster.environments`),
-        `physical_devices`, `logical_devices` and `strategy` (what `sk.describe` says of
-        that strategy).
+        `physical_devices`, `logical_devices`, `strategy` (what `sk.describe` says of
+        that strategy), `checked_on` (the TensorFlow + Keras pairs strategykit was
+        checked on) and `fixes` (each upstream fix and its state on the installed
+        versions: `strategykit.upstream.status()`).
 
     Example:
         >>> from strategykit.cli.info import collect
@@ -41,6 +44,8 @@ def collect(replicas: int | None = None) -> dict:
         },
         "logical_devices": {kind: _devices.logical_device_names(kind) for kind in ("CPU", "GPU")},
         "strategy": describe(strategy),
+        "checked_on": upstream.CHECKED_ON,
+        "fixes": upstream.status(),
     }
 
 
@@ -63,7 +68,35 @@ def render(facts: dict, as_json: bool = False) -> str:
         ("Simulated devices", "yes" if strategy["simulated"] else "no"),
     ]
     width = max(len(label) for label, _ in rows)
-    return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)
+    table = "\n".join(f"{label:<{width}}  {value}" for label, value in rows)
+    return f"{table}\n\n{_fixes_text(facts)}"
+
+
+_STATE_WORDS = {
+    "installed": "installed",
+    "not needed": "not needed (fixed upstream in this version)",
+    "refusing": "REFUSES (unknown upstream code)",
+    "upstream's own": "upstream's own (unknown upstream code, not needed for numbers)",
+    "not installed": "not installed yet (sk.mirrored() or sk.shard() installs it)",
+}
+
+
+def _fixes_text(facts: dict) -> str:
+    """One line per feature a fix serves: its state, the feature, the upstream issue,
+    and for unknown code what differs."""
+    lines = [f"Upstream fixes (checked on {facts['checked_on']}):"]
+    features: dict = {}
+    for fix in facts["fixes"]:
+        entry = features.setdefault((fix["affects"], fix["issue"]), [])
+        entry.append(fix)
+    for (affects, issue), fixes in features.items():
+        states = [fix["state"] for fix in fixes]
+        state = next((s for s in ("refusing", "upstream's own", "not installed", "installed")
+                      if s in states), "not needed")
+        lines.append(f"  {_STATE_WORDS[state]}: {affects} ({issue})")
+        for name in sorted({name for fix in fixes for name in fix["unknown"]}):
+            lines.append(f"      differs: {name}")
+    return "\n".join(lines)
 
 
 def _count_text(counts: dict) -> str:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+
 import tensorflow as tf
 
-from strategykit.upstream.fix import Fix, original, resolve
+from strategykit.upstream.fix import Fix, fingerprint, original, resolve
 
 # Every micro-step all-reduces its gradients (True), or each replica accumulates its own
 # and the sums are all-reduced once per update (False, the default; see the fix below).
@@ -62,6 +64,22 @@ def _accumulating_apply_gradients(self, grads, trainable_variables):
                     lambda: self._overwrite_model_variables_with_average_value(
                         self._trainable_variables),
                     lambda: None)
+    if _counts_micro_steps_here():
+        self._iterations.assign_add(1)
+
+
+# Where Keras counts a micro-step in `_iterations`, by the fingerprint of
+# `BaseOptimizer._backend_apply_gradients`: at its end on Keras 3.8 (the replaced method
+# must then count, or no update ever comes), in `BaseOptimizer.apply` later.
+_KERAS_COUNTS_IN_APPLY_GRADIENTS = {
+    "90f49235e544f3f1": True,  # Keras 3.8.0
+    "48d6e24d58039241": False,  # Keras 3.11.3 to 3.15.1
+}
+
+
+@functools.cache
+def _counts_micro_steps_here() -> bool:
+    return _KERAS_COUNTS_IN_APPLY_GRADIENTS[fingerprint(f"{_BASE}._backend_apply_gradients")]
 
 
 def _accumulate(strategy, grads, *, optimizer, variables):
@@ -138,15 +156,21 @@ FIXES = (
         attribute="_backend_apply_gradients",
         replacement=_accumulating_apply_gradients,
         refuses_when=_applies,
-        relies_on={  # the code read or called above, and how upstream accumulates
+        # The code read or called above, and how upstream accumulates. Where a name has
+        # several fingerprints, the first is Keras 3.15.1's; each was checked.
+        relies_on={
             f"{_BASE}.__init__": "7d5c171dfc92e81f",  # _iterations: only_first_replica
-            f"{_BASE}.apply": "43097be63b919d03",  # counts micro-steps in _iterations
-            f"{_BASE}.build": "e9d310fddad51ed1",  # _accumulated_gradients
+            # counts micro-steps in _iterations from 3.11 (3.8: _backend_apply_gradients)
+            f"{_BASE}.apply": ("43097be63b919d03", "95ecde5a8bba76af"),
+            # _accumulated_gradients (3.8 makes the EMA variables one by one)
+            f"{_BASE}.build": ("e9d310fddad51ed1", "715ea549b368386f"),
             f"{_BASE}.iterations": "03eb6e7ab4b8a5f3",  # _iterations // K
-            f"{_BASE}._backend_apply_gradients": "48d6e24d58039241",  # replaced; EMA
+            # replaced; EMA, and whether it counts the micro-step
+            f"{_BASE}._backend_apply_gradients": tuple(_KERAS_COUNTS_IN_APPLY_GRADIENTS),
             f"{_BASE}._clip_gradients": "152b956e23c91ad9",
             f"{_BASE}._use_weight_decay": "0e73208c5bf5328d",
-            f"{_BASE}._backend_reset_gradient_accumulators": "4e9ad3b3e598cfb6",
+            f"{_BASE}._backend_reset_gradient_accumulators": ("4e9ad3b3e598cfb6",
+                                                              "c1a42853f8c5a8ad"),
             f"{_OPTIMIZER}._var_key": "726df115036636bc",
             f"{_OPTIMIZER}._apply_weight_decay": "fee6526b6ad02f94",  # as _weight_decay
             f"{_OPTIMIZER}._distributed_tf_update_step": "ec83c95231ba33ee",

@@ -32,11 +32,12 @@ steps and never past the epoch's end, and the last step Keras reports is the las
 
 from __future__ import annotations
 
+import functools
 import weakref
 
 from strategykit.cluster.roles import is_multi_worker
 from strategykit.upstream import iterator_reaper, steps_per_execution
-from strategykit.upstream.fix import Fix, original, resolve
+from strategykit.upstream.fix import Fix, fingerprint, original, resolve
 
 _EPOCH_ITERATOR = "keras.src.backend.tensorflow.trainer:TFEpochIterator"
 _SOURCES = weakref.WeakKeyDictionary()
@@ -148,11 +149,27 @@ def _epoch_of_new_iterator(self):
 
 def _executions(self, iterator, steps: int):
     per_execution = self.steps_per_execution
+    with_last = _yields_last_step()
     for first in range(0, steps, per_execution):
         count = min(per_execution, steps - first)
         self._steps_seen = first + count
-        yield first, first + count - 1, steps_per_execution.execution(
-            iterator, count, per_execution)
+        execution = steps_per_execution.execution(iterator, count, per_execution)
+        yield (first, first + count - 1, execution) if with_last else (first, execution)
+
+
+_KERAS_ENUMERATE = "keras.src.trainers.epoch_iterator:EpochIterator._enumerate_iterator"
+# What Keras's own epoch yields for each execution, by the fingerprint of its code: the
+# trainers unpack the same (and report the first step of an execution to callbacks on
+# Keras 3.8, its last one later).
+_KERAS_YIELDS_LAST_STEP = {
+    "5b12fbb1202bfd36": False,  # Keras 3.8.0: (first step, iterator)
+    "376e3e16a928107a": True,  # Keras 3.11.3 to 3.15.1: (first step, last step, iterator)
+}
+
+
+@functools.cache
+def _yields_last_step() -> bool:
+    return _KERAS_YIELDS_LAST_STEP[fingerprint(_KERAS_ENUMERATE)]
 
 
 FIXES = (
@@ -165,8 +182,7 @@ FIXES = (
         refuses_when=_reads_a_source,
         relies_on={
             # replaced where it applies: a new iterator each epoch (and one more at its end)
-            "keras.src.trainers.epoch_iterator:EpochIterator._enumerate_iterator":
-                "376e3e16a928107a",
+            _KERAS_ENUMERATE: tuple(_KERAS_YIELDS_LAST_STEP),
             # what the trainer reads of each yielded execution, and how it stops
             "keras.src.trainers.epoch_iterator:EpochIterator.catch_stop_iteration":
                 "494549649577e596",

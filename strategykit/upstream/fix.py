@@ -50,6 +50,10 @@ class Fix:
             cannot be installed: True where upstream's own code would give other
             results than the fix (an `UnknownUpstreamCode` is raised there). None:
             upstream's own code is right everywhere, only slower.
+        fixed_upstream: `{"module:Class.attribute": fingerprints}` of upstream code that
+            does what the fix does (a Keras release with the issue fixed): where all
+            match, the fix is not needed and installs nothing. Empty: needed on every
+            version.
     """
 
     issue: str
@@ -59,6 +63,7 @@ class Fix:
     replacement: object
     relies_on: dict
     refuses_when: Callable[..., bool] | None = None
+    fixed_upstream: dict = dataclasses.field(default_factory=dict)
 
     def owner_class(self):
         """The class (or module) whose attribute is replaced."""
@@ -66,16 +71,13 @@ class Fix:
 
     def unknown_code(self) -> dict:
         """`{name: what is found}` of the code relied on that differs from every pinned
-        fingerprint (`"missing"` where it is gone); empty on code the fix knows."""
-        unknown = {}
-        for name, pinned in self.relies_on.items():
-            try:
-                found = fingerprint(name)
-            except (ImportError, AttributeError, TypeError, OSError) as error:
-                found = f"missing ({type(error).__name__})"
-            if found not in ((pinned,) if isinstance(pinned, str) else pinned):
-                unknown[name] = found
-        return unknown
+        fingerprint (`"missing"` where it is gone); empty on code the fix knows, and
+        where the fix is not needed."""
+        return {} if self.not_needed() else _differing(self.relies_on)
+
+    def not_needed(self) -> bool:
+        """Whether upstream's code does what the fix does (`fixed_upstream`)."""
+        return bool(self.fixed_upstream) and not _differing(self.fixed_upstream)
 
     def installed(self) -> bool:
         """Whether the replacement is in place (not the guard, not upstream's own)."""
@@ -87,11 +89,13 @@ class Fix:
         return guard is not None and self.owner_class().__dict__.get(self.attribute) is guard
 
     def state(self) -> str:
-        """`"installed"`, `"refusing"` (unknown upstream code: the guard is in place),
-        `"upstream's own"` (unknown code, where upstream's own is right) or `"not
-        installed"`."""
+        """`"installed"`, `"not needed"` (fixed upstream in this version), `"refusing"`
+        (unknown upstream code: the guard is in place), `"upstream's own"` (unknown
+        code, where upstream's own is right) or `"not installed"`."""
         if self.installed():
             return "installed"
+        if self.not_needed():
+            return "not needed"
         if self.guarded():
             return "refusing"
         if self in _UNKNOWN:
@@ -102,10 +106,12 @@ class Fix:
         """Installs the replacement, or where the code is unknown the guard; idempotent.
 
         Returns:
-            True where the replacement is in place.
+            True where the replacement is in place or not needed.
         """
         if self.installed() or self.guarded():
             return self.installed()
+        if self.not_needed():
+            return True
         unknown = self.unknown_code()
         if not unknown:
             self._replace_with(self.replacement)
@@ -153,6 +159,20 @@ _ORIGINALS: dict = {}
 _GUARDS: dict = {}  # Fix -> its guard function, made once
 _UNKNOWN: dict = {}  # Fix -> its unknown_code() when it was last installed
 _NEWEST = versions.CHECKED_ON[-1]
+
+
+def _differing(pins: dict) -> dict:
+    """`{name: fingerprint found}` of the names in `pins` whose code has none of their
+    pinned fingerprints (`"missing (...)"` where the code is gone)."""
+    differing = {}
+    for name, pinned in pins.items():
+        try:
+            found = fingerprint(name)
+        except (ImportError, AttributeError, TypeError, OSError) as error:
+            found = f"missing ({type(error).__name__})"
+        if found not in ((pinned,) if isinstance(pinned, str) else pinned):
+            differing[name] = found
+    return differing
 
 
 def _guard(fix: Fix):

@@ -36,7 +36,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from strategykit.cluster.roles import is_multi_worker
-from strategykit.upstream import epoch_input
+from strategykit.upstream import epoch_input, steps_per_execution
 from strategykit.upstream.fix import Fix, original, resolve
 
 _TRAINER_MODULE = "keras.src.backend.tensorflow.trainer"
@@ -94,7 +94,7 @@ def _build_from_first_replica(self, iterator=None, data_batch=None):
           and (specs := _replica_batch_specs(iterator, strategy)) is not None):
         data_batch, iterator = specs, None  # the shapes alone: no iterator started
     elif iterator is not None and strategy is not None and is_multi_worker(strategy):
-        for _, _, batches in iterator:  # as upstream: the first batch of the first epoch
+        for *_, batches in iterator:  # as upstream: the first batch of the first epoch
             batch = next(batches)
             break
         data_batch = tf.nest.map_structure(
@@ -134,9 +134,11 @@ FIXES = (
         replacement=_build_from_first_replica,
         refuses_when=_build_needs_the_fix,
         relies_on={  # replaced; takes the first batch of the epoch iterator
-            f"{_TRAINER}._maybe_symbolic_build": "92a504f5eba9b29f",
+            # (Keras 3.8: epochs of (step, iterator), as epoch_input says)
+            f"{_TRAINER}._maybe_symbolic_build": ("92a504f5eba9b29f", "181752273e37d689"),
             # reads the batch only when a layer, the compiled metrics or loss is unbuilt
-            "keras.src.trainers.trainer:Trainer._symbolic_build": "96220cc3b88fe768",
+            "keras.src.trainers.trainer:Trainer._symbolic_build": (
+                "96220cc3b88fe768", "9e2c2441c8d68292", "330210b83242a6af"),
         },
     ),
     Fix(
@@ -150,7 +152,7 @@ FIXES = (
             # replaced; "auto" means "mean" outside TPUs
             f"{_TRAINER_MODULE}:reduce_per_replica": "2e7d54b1e6edc29a",
             # reduces the train and test steps' logs with "auto"
-            f"{_TRAINER}._make_function": "bb33b7a0da3d2740",
+            f"{_TRAINER}._make_function": steps_per_execution.KERAS_MAKE_FUNCTION,
             # predict()'s "concat" across workers: works, left as it is
             f"{_TRAINER_MODULE}:_multi_worker_concat": "2137073bfe27fb92",
         },

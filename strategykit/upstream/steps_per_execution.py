@@ -143,6 +143,10 @@ def _steps_function(model, step_function):
     return tf.function(run_steps, reduce_retracing=True)
 
 
+KERAS_MAKE_FUNCTION = ("bb33b7a0da3d2740", "55eb952812cac1fb")
+"""Fingerprints of Keras's `_make_function`: 3.13.2 to 3.15.1 (its step converts
+Optionals), 3.8.0 to 3.11.3."""
+
 FIXES = (
     Fix(
         issue=ISSUE,
@@ -153,7 +157,7 @@ FIXES = (
         refuses_when=_several_steps_on_several_replicas,
         relies_on={
             # wrapped; its function takes an iterator, runs steps_per_execution steps
-            f"{_TRAINER}._make_function": "bb33b7a0da3d2740",
+            f"{_TRAINER}._make_function": KERAS_MAKE_FUNCTION,
             # what each of our steps runs after strategy.run, as Keras's does
             f"{_TRAINER_MODULE}:reduce_per_replica": "2e7d54b1e6edc29a",
         },

@@ -23,8 +23,10 @@ _CALLBACKS = "keras.src.callbacks"
 # class has none of its own).
 _PATH_ATTRIBUTES = {
     f"{_CALLBACKS}.model_checkpoint:ModelCheckpoint":
-        ("filepath", "15332c3008899db7", "b050c47cb15d8cdb"),
-    f"{_CALLBACKS}.csv_logger:CSVLogger": ("filename", "e87dcea89a8c64b4", "b050c47cb15d8cdb"),
+        ("filepath", ("15332c3008899db7", "714ae1a794a0da77", "0bd84765bf2adaa2"),
+         "b050c47cb15d8cdb"),
+    f"{_CALLBACKS}.csv_logger:CSVLogger":
+        ("filename", ("e87dcea89a8c64b4", "9e15724760b5dc0f"), "b050c47cb15d8cdb"),
     f"{_CALLBACKS}.tensorboard:TensorBoard": ("log_dir", "86c06d8325cd7a96", "36b4c489a66848e9"),
 }
 

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from strategykit import upstream
 from strategykit.cli import commands as cli
 
 # TensorFlow's C++ log format: `I1123 16:39:56.123456 ...`, or before its logging starts
@@ -38,13 +39,23 @@ def test_info_json_describes_the_strategy_for_the_replicas_asked(capsys):
 
 def test_info_table_has_one_aligned_row_per_fact(capsys):
     cli.main(["info", "--replicas", "2"])
-    lines = capsys.readouterr().out.splitlines()
+    table, fixes = capsys.readouterr().out.split("\n\n")
+    lines = table.splitlines()
     rows = dict(re.split(r"\s{2,}", line, maxsplit=1) for line in lines)
     assert rows["Replicas"] == "2"
     assert rows["All-reduce"] == "collective ring"
     assert rows["Simulated devices"] == "yes"
     value_columns = {line.index(value) for line, value in zip(lines, rows.values())}
     assert len(value_columns) == 1
+
+
+def test_info_lists_the_checked_versions_and_each_fix_state(capsys):
+    cli.main(["info"])
+    fixes = capsys.readouterr().out.split("\n\n")[1].splitlines()
+    assert fixes[0] == f"Upstream fixes (checked on {upstream.CHECKED_ON}):"
+    assert "  installed: gradient_accumulation_steps under a tf.distribute strategy " \
+        "(keras-team/keras#20582)" in fixes
+    assert len(fixes) == 1 + len({(fix.affects, fix.issue) for fix in upstream.FIXES})
 
 
 @pytest.mark.parametrize("value", ["0", "-3", "two"])

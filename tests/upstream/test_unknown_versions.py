@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 from strategykit import upstream
+from strategykit.cli import info
 from strategykit.upstream import fix as fix_module
 
 from conftest import cpu_devices
@@ -63,7 +64,11 @@ def test_an_unknown_version_warns_once_in_one_line_naming_what_refuses(unseen_ke
     assert states["_backend_apply_gradients"]["state"] == "refusing"
     assert list(states["_backend_apply_gradients"]["unknown"]) == [f"{_PINNED}._clip_gradients"]
     assert {entry["state"] for name, entry in states.items()
-            if name != "_backend_apply_gradients"} == {"installed"}
+            if name != "_backend_apply_gradients"} <= {"installed", "not needed"}
+    listed = info._fixes_text({"checked_on": upstream.CHECKED_ON, "fixes": upstream.status()})
+    assert ("  REFUSES (unknown upstream code): gradient_accumulation_steps under a "
+            f"tf.distribute strategy (keras-team/keras#20582)\n      differs: {_PINNED}."
+            "_clip_gradients\n  installed: fit() across") in listed
 
 
 def test_the_affected_feature_refuses_and_the_rest_trains_as_one_device(unseen_keras):
@@ -87,7 +92,7 @@ def test_the_affected_feature_refuses_and_the_rest_trains_as_one_device(unseen_k
 def test_the_guard_is_removed_and_the_fix_installed_once_the_code_is_known(unseen_keras):
     with pytest.warns(upstream.UpstreamVersionWarning):
         upstream.install()
-    accumulation = upstream.FIXES[0]
+    accumulation = next(fix for fix in upstream.FIXES if fix.issue == "keras-team/keras#20582")
     assert accumulation.state() == "refusing" and not accumulation.installed()
     upstream.uninstall()
     assert accumulation.state() == "not installed"

@@ -47,8 +47,9 @@ def test_fixes_are_idempotent_and_removable():
         upstream.install()
         upstream.install()
         for fix in upstream.FIXES:
-            assert fix.installed()
-            assert getattr(fix.owner_class(), fix.attribute) is fix.replacement
+            assert fix.installed() or fix.not_needed()
+            assert (getattr(fix.owner_class(), fix.attribute) is fix.replacement
+                    or fix.not_needed())
         upstream.uninstall()
     finally:
         upstream.install()
@@ -57,7 +58,8 @@ def test_fixes_are_idempotent_and_removable():
 def test_strategies_install_the_fixes(make_strategy):
     upstream.uninstall()
     make_strategy(1)
-    assert all(fix.installed() for fix in upstream.FIXES)
+    assert all(fix.installed() or fix.not_needed() for fix in upstream.FIXES)
+    assert any(fix.installed() for fix in upstream.FIXES)
 
 
 
