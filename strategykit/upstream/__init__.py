@@ -78,8 +78,9 @@ from strategykit.upstream.fix import (
 )
 from strategykit.upstream.step_count import STEPS_RELIES_ON, state_steps
 
-FIXES = (*metric_variables.FIXES, *accumulation.FIXES, *multi_worker.FIXES, *worker_files.FIXES, *exact_metrics.FIXES,
-         *epoch_input.FIXES, *steps_per_execution.FIXES)
+FIXES = (*metric_variables.FIXES, *accumulation.FIXES, *multi_worker.FIXES,
+         *worker_files.FIXES, *exact_metrics.FIXES, *epoch_input.FIXES,
+         *steps_per_execution.FIXES)
 """Every fix, in the order `install()` installs them."""
 
 __all__ = ["CHECKED_ON", "COORDINATION_RELIES_ON", "FIXES", "STEPS_RELIES_ON", "Fix",
@@ -137,8 +138,9 @@ def status() -> list[dict]:
     Returns:
         One dict per fix: `issue`, `affects`, `replaces` (the upstream attribute),
         `state` (`"installed"`, `"not needed"`, `"refusing"`, `"upstream's own"` or
-        `"not installed"`, see `Fix.state`) and `unknown` (the upstream code that differs from what the
-        fix was checked on, with its fingerprint: empty on a checked version).
+        `"not installed"`, see `Fix.state`) and `unknown` (the upstream code that
+        differs from what the fix was checked on, with its fingerprint: empty on a
+        checked version).
 
     Example:
         >>> from strategykit import upstream
