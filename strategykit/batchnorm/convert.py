@@ -93,6 +93,8 @@ def convert_sync_batchnorm(model: keras.Model, *, synchronized: bool = True) -> 
 
     converted = keras.models.clone_model(
         model, input_tensors=_named_inputs(model), clone_function=clone_layer, recursive=True)
+    if model.compiled and not converted.compiled:  # Keras 3.8 compiles no Sequential clone
+        converted.compile_from_config(model.get_compile_config())
     _copy_state(model, converted)
     return converted
 

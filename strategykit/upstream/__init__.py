@@ -17,8 +17,12 @@ attributes is several `Fix` entries naming the same issue.
 Fixes, one module each:
 
 * `metric_variables`, keras-team/keras#21061: metric variables synchronized on read
-  under a strategy, as from Keras 3.10 (on Keras 3.8 they are mirrored, and the metrics
-  and loss Keras reports under several replicas are wrong).
+  under a strategy, as from Keras 3.10 (on Keras 3.8 and 3.9 they are mirrored, and the
+  metrics and loss Keras reports under several replicas are wrong).
+* `distributed_datasets`, keras-team/keras#20134: Keras 3.8's `fit()` takes the
+  datasets of `strategy.distribute_datasets_from_function` (as from Keras 3.9).
+* `log_values`, Keras before 3.12: a metric whose `result()` returns its variable is
+  reported as a number (not TensorFlow's `SyncOnReadVariable`).
 * `accumulation`, keras-team/keras#20582: `gradient_accumulation_steps` of any Keras
   optimizer under a `tf.distribute` strategy, in `fit()` and in custom loops.
 * `multi_worker`, keras-team/keras#20585: `fit()`, `evaluate()` and `predict()` under a
@@ -50,7 +54,8 @@ Example:
     ...     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
     ...     model.compile(keras.optimizers.Adam(gradient_accumulation_steps=4), "mse")
     >>> sorted({fix.issue for fix in sk.upstream.FIXES})  # doctest: +NORMALIZE_WHITESPACE
-    ['keras-team/keras#19246', 'keras-team/keras#20582', 'keras-team/keras#20585',
+    ['keras-team/keras#19246', 'keras-team/keras#20134', 'keras-team/keras#20582',
+     'keras-team/keras#20585', 'keras-team/keras#21061', 'keras-team/keras@3.12.0',
      'tensorflow/tensorflow#39268', 'tensorflow/tensorflow#67677']
 """
 
@@ -60,8 +65,10 @@ import warnings
 
 from strategykit.upstream import (
     accumulation,
+    distributed_datasets,
     epoch_input,
     exact_metrics,
+    log_values,
     metric_variables,
     multi_worker,
     steps_per_execution,
@@ -78,8 +85,9 @@ from strategykit.upstream.fix import (
 )
 from strategykit.upstream.step_count import STEPS_RELIES_ON, state_steps
 
-FIXES = (*metric_variables.FIXES, *accumulation.FIXES, *multi_worker.FIXES,
-         *worker_files.FIXES, *exact_metrics.FIXES, *epoch_input.FIXES,
+FIXES = (*metric_variables.FIXES, *distributed_datasets.FIXES, *log_values.FIXES,
+         *accumulation.FIXES,
+         *multi_worker.FIXES, *worker_files.FIXES, *exact_metrics.FIXES, *epoch_input.FIXES,
          *steps_per_execution.FIXES)
 """Every fix, in the order `install()` installs them."""
 

@@ -69,11 +69,11 @@ def _accumulating_apply_gradients(self, grads, trainable_variables):
 
 
 # Where Keras counts a micro-step in `_iterations`, by the fingerprint of
-# `BaseOptimizer._backend_apply_gradients`: at its end on Keras 3.8 (the replaced method
-# must then count, or no update ever comes), in `BaseOptimizer.apply` later.
+# `BaseOptimizer._backend_apply_gradients`: at its end on Keras 3.8 and 3.9 (the replaced
+# method must then count, or no update ever comes), in `BaseOptimizer.apply` from 3.10.
 _KERAS_COUNTS_IN_APPLY_GRADIENTS = {
-    "90f49235e544f3f1": True,  # Keras 3.8.0
-    "48d6e24d58039241": False,  # Keras 3.11.3 to 3.15.1
+    "90f49235e544f3f1": True,  # Keras 3.8.0 to 3.9.2
+    "48d6e24d58039241": False,  # Keras 3.10.0 to 3.15.1
 }
 
 

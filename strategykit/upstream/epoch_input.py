@@ -96,7 +96,7 @@ def _releasing_keras_iterators(self, keras_epoch):
     next one (dropping this one), and the last when the epoch iterator is deleted."""
     reading = _reading(self)
     for execution in keras_epoch:
-        reading.read(execution[2])
+        reading.read(execution[-1])  # (first, [last,] iterator): see _yields_last_step
         yield execution
 
 
@@ -159,11 +159,11 @@ def _executions(self, iterator, steps: int):
 
 _KERAS_ENUMERATE = "keras.src.trainers.epoch_iterator:EpochIterator._enumerate_iterator"
 # What Keras's own epoch yields for each execution, by the fingerprint of its code: the
-# trainers unpack the same (and report the first step of an execution to callbacks on
-# Keras 3.8, its last one later).
+# trainers unpack the same (and report the first step of an execution to callbacks up
+# to Keras 3.10, its last one later).
 _KERAS_YIELDS_LAST_STEP = {
-    "5b12fbb1202bfd36": False,  # Keras 3.8.0: (first step, iterator)
-    "376e3e16a928107a": True,  # Keras 3.11.3 to 3.15.1: (first step, last step, iterator)
+    "5b12fbb1202bfd36": False,  # Keras 3.8.0 to 3.10.0: (first step, iterator)
+    "376e3e16a928107a": True,  # Keras 3.11.0 to 3.15.1: (first step, last step, iterator)
 }
 
 

@@ -34,7 +34,8 @@ class Fix:
     """One upstream fix: `owner.attribute` replaced by `replacement`.
 
     Attributes:
-        issue: the upstream issue, e.g. `"keras-team/keras#20582"`.
+        issue: the upstream issue, e.g. `"keras-team/keras#20582"`, or where none was
+            found the release that fixed it upstream, e.g. `"keras-team/keras@3.12.0"`.
         affects: what users lose where the fix cannot be installed, in a few words, e.g.
             `"gradient_accumulation_steps under a tf.distribute strategy"`.
         owner: `"module:Class"` whose attribute is replaced, or `"module"` for a

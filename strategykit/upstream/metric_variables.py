@@ -1,13 +1,13 @@
 """keras-team/keras#21061: metric variables synchronized on read, as Keras 3.10 makes them.
 
-Keras 3.8 makes a metric's variables (`Metric.add_variable`) ordinary TensorFlow
+Keras 3.8 and 3.9 make a metric's variables (`Metric.add_variable`) ordinary TensorFlow
 variables, which a `MirroredStrategy` mirrors and keeps equal on every replica: each
 replica's `assign_add` in Keras's step then goes through TensorFlow's cross-replica
 update of a mirrored variable, and the metrics Keras reports under several replicas are
 not one device's (seen: the mean of labels whose mean is 0.25 reported as 0.53, and so
 the loss). Keras fixed it upstream (keras-team/keras#21072, from Keras 3.10) by making
 them `synchronization="on_read"`: each replica keeps its own copy, added up when read.
-These fixes do the same on the versions without it:
+These fixes do the same on the versions without it (Keras 3.8 and 3.9):
 
 * `Metric.add_variable` creates its variable with a mark (a flag of this thread while
   the variable is made, and an attribute on it for one whose creation is deferred).
@@ -67,9 +67,9 @@ def _under_several_replicas(*args, **kwargs) -> bool:
 
 
 _AFFECTS = "the metrics and loss Keras reports under several replicas"
-# Keras 3.11.3 to 3.15.1: add_variable passes synchronization="on_read" itself.
+# Keras 3.10.0 to 3.15.1: add_variable passes synchronization="on_read" itself.
 _FIXED_UPSTREAM = {f"{_METRIC}.add_variable": "3bc628b9d872ff3f"}
-_RELIES_ON = {  # Keras 3.8.0
+_RELIES_ON = {  # Keras 3.8.0 to 3.9.2
     f"{_METRIC}.add_variable": "7dc1b2191bf46f5a",  # wrapped: makes one backend Variable
     f"{_TF_VARIABLE}._initialize": "c8c1d01d1f935c69",  # replaced for metric variables
     # calls _initialize at once, or from _deferred_initialize later

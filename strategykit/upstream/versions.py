@@ -13,6 +13,12 @@ CHECKED_ON = (
 )
 """The (TensorFlow, Keras) pairs the whole matrix ran on: oldest first, newest last."""
 
+KERAS_FINGERPRINTED = ("3.8.0", "3.9.0", "3.9.1", "3.9.2", "3.10.0", "3.11.0", "3.11.1",
+                       "3.11.2", "3.11.3", "3.12.0", "3.12.1", "3.12.2", "3.12.3", "3.12.4",
+                       "3.13.0", "3.13.1", "3.13.2", "3.14.0", "3.14.1", "3.15.0", "3.15.1")
+"""Every Keras release of the range: the private code the fixes rely on was
+fingerprinted on each, and where it differs from a pair of CHECKED_ON, read and pinned."""
+
 TENSORFLOW_RANGE = (">=2.18", "<2.22")
 KERAS_RANGE = (">=3.8", "<=3.15.1")
 

@@ -7,6 +7,7 @@ import tensorflow as tf
 
 from strategykit import callbacks
 from strategykit.callbacks.replica_drift import replica_copies
+from strategykit.upstream import epoch_input
 
 BAD_BATCH, BAD_REPLICA = 2, 2
 
@@ -120,8 +121,10 @@ def test_stop_with_several_steps_per_execution_says_it_cannot_restore():
     model = trained_model(tf.distribute.get_strategy())
     model.compile(keras.optimizers.SGD(0.1), "mse", steps_per_execution=2)
     x, y = nan_in_replica_2()
-    with pytest.warns(RuntimeWarning, match=r"replica 0 \(nan\) of 1 at epoch 0, batch 3\. .*"
-                                            r"without restoring the weights: with "
+    # Keras reports an execution of steps 2 and 3 by its last step (by its first on 3.8).
+    batch = 3 if epoch_input._yields_last_step() else 2
+    with pytest.warns(RuntimeWarning, match=rf"replica 0 \(nan\) of 1 at epoch 0, batch {batch}\. "
+                                            r".*without restoring the weights: with "
                                             r"steps_per_execution=2"):
         model.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False,
                   callbacks=[callbacks.CrossReplicaLoss()])

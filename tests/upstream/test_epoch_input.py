@@ -190,7 +190,9 @@ def test_steps_per_execution_counts_every_step_in_callbacks(make_strategy):
         on_train_batch_end=lambda batch, logs: ends.append(batch))
     model.fit(sk.shard((x, y), strategy, global_batch_size=16), epochs=1, verbose=0,
               callbacks=[callback])
-    assert ends == [1, 3, 4]  # 5 steps: executions of 2, 2 and 1
+    # 5 steps: executions of 2, 2 and 1, each reported by its last step (by its first on
+    # Keras 3.8, whose epochs yield no last step and whose callbacks get the first).
+    assert ends == ([1, 3, 4] if epoch_input._yields_last_step() else [0, 2, 4])
     assert model.optimizer.iterations.numpy() == 5
 
 
