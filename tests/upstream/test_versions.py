@@ -5,10 +5,10 @@ the README, and the installed TensorFlow and Keras are inside them."""
 import ast
 import pathlib
 import re
-import tomllib
 
 import keras
 import tensorflow as tf
+import tomllib
 
 from strategykit.upstream import versions
 
