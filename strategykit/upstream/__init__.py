@@ -1,12 +1,18 @@
 """Fixes for gaps in Keras 3 and TensorFlow, all in this one package.
 
-Each fix is a `Fix` (`fix.py`): the upstream issue it closes, the versions it was checked
-on, the private upstream code it relies on (with a fingerprint of that code, which
-tests/test_upstream.py compares, so a Keras or TensorFlow upgrade that changes it fails
-CI rather than users), and the one attribute it replaces. A fix is installed once
+Each fix is a `Fix` (`fix.py`): the upstream issue it closes, what users lose without
+it, the private upstream code it relies on (with the fingerprints of that code on every
+Keras release of the supported range, `versions.py`), and the one attribute it replaces.
+Before it replaces anything a fix compares those fingerprints with the installed code:
+on code it knows it installs (or, where upstream has fixed the gap, says it is not
+needed); on code it does not know it installs a guard that hands over to upstream's
+own code except where the fix is needed, and raises `UnknownUpstreamCode` there, after
+one `UpstreamVersionWarning`. tests/upstream/test_upstream.py fails on an unknown
+version too, so an upgrade is caught by CI before users. A fix is installed once
 (installing again does nothing) and applies only in the situation it fixes; everywhere
-else the replaced code hands over to the original. Nothing else in strategykit touches
-private Keras or TensorFlow code.
+else the replaced code hands over to the original. Where Keras's code differs between
+releases, a fix carries what each needs, chosen by the fingerprint of the code it finds.
+Nothing else in strategykit touches private Keras or TensorFlow code.
 
 `install()` installs every fix. `sk.mirrored()` and `sk.from_env()` call it when they
 build a strategy, and `sk.shard()` when it shards data, so the fixes are active under
@@ -46,6 +52,8 @@ Fixes, one module each:
 * `coordination`: the job's key-value store (TensorFlow's coordination service),
   which `sk.callbacks.BackupAndRestore` agrees on a preemption step through.
 * `every_fit`: callbacks strategykit adds to every `fit()` (public API, no `Fix`).
+* `versions`: the TensorFlow and Keras releases supported and checked (plain data, for
+  the matrix, the docs and the run-time check).
 
 Example:
     >>> import keras, strategykit as sk
