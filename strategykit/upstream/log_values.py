@@ -13,6 +13,7 @@ combined over the replicas) before Keras's own conversion, on the versions witho
 
 from __future__ import annotations
 
+import keras
 import tensorflow as tf
 
 from strategykit.upstream.fix import Fix, original, resolve
@@ -28,9 +29,15 @@ def _pythonify_logs(logs):
 def _read_variables(logs):
     if not isinstance(logs, dict):
         return logs
-    return {key: _read_variables(value) if isinstance(value, dict)
-            else tf.convert_to_tensor(value) if isinstance(value, tf.Variable) else value
+    return {key: _read_variables(value) if isinstance(value, dict) else _read(value)
             for key, value in logs.items()}
+
+
+def _read(value):
+    """A Keras or TensorFlow variable's value as a tensor; anything else as it is."""
+    if isinstance(value, keras.Variable):
+        value = value.value
+    return tf.convert_to_tensor(value) if isinstance(value, tf.Variable) else value
 
 
 FIXES = (
