@@ -7,7 +7,7 @@ epoch throws away. Under several replicas an iterator of a distributed dataset c
 to 0.5 s to start (more than a small model's epoch) and blocks the thread that deletes
 it for up to a minute (`strategykit.upstream.iterator_reaper`). Upstream,
 tensorflow/tensorflow#67677 proposed keeping the first iterator (closed unmerged, sent to
-keras-team/keras); checked on Keras 3.15.1. The fix replaces
+keras-team/keras); checked on Keras 3.8.0 to 3.15.1. The fix replaces
 `TFEpochIterator._enumerate_iterator`, which yields each execution's `(first step, last
 step, iterator)`:
 

@@ -203,7 +203,7 @@ _AFFECTS = "the loss and metrics of a padded final batch (sk.shard) on several r
 _RELIES_ON = {
     # Keras's steps: `_compute_loss`, then the tracker gets `unscaled loss`, weighted by
     # the batch size, then `compute_metrics` with the same sample weights.
-    # the same on 3.8 and 3.11, where the tracker's weight is the first input's size
+    # the same on 3.8.0 to 3.11.3, where the tracker's weight is the first input's size
     "keras.src.backend.tensorflow.trainer:TensorFlowTrainer.train_step": (
         "debf0efab9d5794b", "38eff65a3e8e6447"),
     "keras.src.backend.tensorflow.trainer:TensorFlowTrainer.test_step": (

@@ -134,7 +134,7 @@ FIXES = (
         replacement=_build_from_first_replica,
         refuses_when=_build_needs_the_fix,
         relies_on={  # replaced; takes the first batch of the epoch iterator
-            # (Keras 3.8: epochs of (step, iterator), as epoch_input says)
+            # (up to Keras 3.10: epochs of (step, iterator), as epoch_input says)
             f"{_TRAINER}._maybe_symbolic_build": ("92a504f5eba9b29f", "181752273e37d689"),
             # reads the batch only when a layer, the compiled metrics or loss is unbuilt
             "keras.src.trainers.trainer:Trainer._symbolic_build": (

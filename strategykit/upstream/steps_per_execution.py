@@ -144,7 +144,7 @@ def _steps_function(model, step_function):
 
 
 KERAS_MAKE_FUNCTION = ("bb33b7a0da3d2740", "55eb952812cac1fb")
-"""Fingerprints of Keras's `_make_function`: 3.13.2 to 3.15.1 (its step converts
+"""Fingerprints of Keras's `_make_function`: 3.12.0 to 3.15.1 (its step converts
 Optionals), 3.8.0 to 3.11.3."""
 
 FIXES = (
