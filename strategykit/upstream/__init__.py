@@ -127,18 +127,27 @@ def install() -> None:
         >>> all(fix.state() in ("installed", "not needed") for fix in upstream.FIXES)
         True
     """
-    refused = [fix for fix in FIXES if not fix.install()]
-    if refused and not _warned[0]:
+    unknown = [fix for fix in FIXES if not fix.install()]
+    if unknown and not _warned[0]:
         _warned[0] = True
         import keras
         import tensorflow as tf
 
-        affected = "; ".join(dict.fromkeys(fix.affects for fix in refused))
+        def features(fixes) -> str:
+            return "; ".join(dict.fromkeys(fix.affects for fix in fixes))
+
+        refusing = [fix for fix in unknown if fix.refuses_when is not None]
+        as_upstream = [fix for fix in unknown if fix.refuses_when is None]
         warnings.warn(
             f"strategykit was not checked on TensorFlow {tf.__version__} + Keras "
             f"{keras.__version__} (checked on: {CHECKED_ON}): private upstream code it "
-            f"fixes differs, so these refuse with an error when used: {affected}. "
-            "Everything else works. Install a checked pair, or see `strategykit info`.",
+            "fixes differs, so "
+            + (f"these refuse with an error when used: {features(refusing)}" if refusing
+               else "")
+            + ("; " if refusing and as_upstream else "")
+            + (f"these work as upstream's own code does: {features(as_upstream)}"
+               if as_upstream else "")
+            + ". Everything else works. Install a checked pair, or see `strategykit info`.",
             UpstreamVersionWarning, stacklevel=2)
 
 

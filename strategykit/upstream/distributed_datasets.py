@@ -40,8 +40,8 @@ FIXES = (
             # reads it to choose TFDatasetAdapter, which takes both kinds of dataset
             f"{_ADAPTERS}:get_data_adapter": "e3a9553ce73bf261",
         },
-        # Upstream already fails with its own clear error where the fix cannot install.
-        refuses_when=lambda x: False,
+        # None: where the fix cannot install, Keras's own code fails with its own error.
+        refuses_when=None,
         # Keras 3.9.0 to 3.15.1: DistributedDatasetsFromFunction among its names
         fixed_upstream={f"{_ADAPTERS}:is_tf_dataset": "63a19bf724ffe56c"},
     ),

@@ -49,8 +49,9 @@ FIXES = (
         replacement=_pythonify_logs,
         # Keras 3.8.0 to 3.11.3: float(value), or the value as it is
         relies_on={f"{_PYTHON_UTILS}:pythonify_logs": "e604d7807d5593e7"},
-        # Upstream's own hands back the variable, which the user sees: not silent.
-        refuses_when=lambda logs: False,
+        # None: where the fix cannot install, Keras hands back the variable, which the
+        # user sees (and float() of it fails): not silent.
+        refuses_when=None,
         # Keras 3.12.0 to 3.15.1: tensors through convert_to_numpy first
         fixed_upstream={f"{_PYTHON_UTILS}:pythonify_logs": "ecbf66de4514267d"},
     ),

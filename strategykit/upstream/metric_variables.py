@@ -82,6 +82,6 @@ FIXES = (
         replacement=_add_variable_read_synchronized, relies_on=_RELIES_ON,
         refuses_when=_under_several_replicas, fixed_upstream=_FIXED_UPSTREAM),
     Fix(issue=ISSUE, affects=_AFFECTS, owner=_TF_VARIABLE, attribute="_initialize",
-        replacement=_initialize, relies_on=_RELIES_ON,
-        refuses_when=lambda *args, **kwargs: False, fixed_upstream=_FIXED_UPSTREAM),
+        replacement=_initialize, relies_on=_RELIES_ON,  # add_variable's guard refuses
+        fixed_upstream=_FIXED_UPSTREAM),
 )

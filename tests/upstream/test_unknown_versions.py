@@ -97,3 +97,28 @@ def test_the_guard_is_removed_and_the_fix_installed_once_the_code_is_known(unsee
     upstream.uninstall()
     assert accumulation.state() == "not installed"
     assert fix_module._ORIGINALS == {}
+
+
+def test_a_fix_without_a_guard_leaves_upstream_own_code_and_says_so(monkeypatch):
+    # pythonify_logs of other source: neither the code the fix knows nor Keras's fixed one.
+    module = upstream.resolve("keras.src.utils.python_utils")
+    keras_pythonify = module.pythonify_logs
+
+    def pythonify_logs(logs):  # the same behaviour, other source
+        return keras_pythonify(logs)
+
+    upstream.uninstall()
+    monkeypatch.setattr(module, "pythonify_logs", pythonify_logs)
+    monkeypatch.setattr(upstream, "_warned", [False])
+    try:
+        with pytest.warns(upstream.UpstreamVersionWarning, match=(
+                r"so these work as upstream's own code does: metrics whose result\(\) "
+                r"returns a variable, under a strategy\. Everything else works")):
+            upstream.install()
+        entry = next(e for e in upstream.status() if e["issue"] == "keras-team/keras@3.12.0")
+        assert entry["state"] == "upstream's own"
+        assert module.pythonify_logs is pythonify_logs  # nothing replaced
+    finally:
+        upstream.uninstall()
+        monkeypatch.undo()
+        upstream.install()
