@@ -221,6 +221,20 @@ def test_from_env_with_two_workers_all_reduces_across_processes(tmp_path):
             return context.all_reduce('sum', tf.constant(10.0 ** index))
         total = strategy.experimental_local_results(strategy.run(step))[0]
         print(json.dumps({'describe': sk.describe(strategy), 'total': float(total)}))
+        # Neither exits while the other may still fetch its part of the ring (the peer
+        # then fails with "Socket closed"; the workers end without teardown): worker 1
+        # ends once worker 0 has its total, worker 0 (the coordination service's host)
+        # once worker 1 has said so, which it may do without waiting for the answer.
+        from strategykit.upstream import coordination
+        if index == 0:
+            coordination.set_key('total/0', 'done')
+            coordination.wait_for_key('total/1')
+        else:
+            coordination.wait_for_key('total/0')
+            try:
+                coordination.set_key('total/1', 'done')
+            except tf.errors.UnavailableError:
+                pass  # worker 0 had the key and ended before it answered
     """, 2, tmp_path=tmp_path)
     for worker in finished:
         report = worker.last_json()
