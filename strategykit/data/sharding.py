@@ -121,7 +121,9 @@ def shard(
     Args:
         data: numpy arrays, a tuple `(x, y)` / `(x, y, sample_weight)` or dict of
             arrays, an unbatched `tf.data.Dataset`, or a function
-            `fn(input_context) -> tf.data.Dataset` of unbatched examples.
+            `fn(input_context) -> tf.data.Dataset` of unbatched examples. Several
+            inputs as Keras takes them: `([x1, x2], y)` (a list of arrays, read as a
+            tuple), `((x1, x2), y)` or `({"a": x1, "b": x2}, y)`.
         strategy: the `tf.distribute.Strategy`.
         global_batch_size: examples per step over all replicas; a multiple of them.
         shuffle: reshuffle the examples every epoch. Default False.

@@ -83,6 +83,8 @@ def _as_arrays(data):
                 "((x1, x2), y)."
             )
         return tuple(_as_arrays(part) for part in data)
+    if _is_list_of_inputs(data):  # [x1, x2]: several inputs, as Keras reads a list
+        return tuple(_as_arrays(part) for part in data)
     if isinstance(data, dict):
         return {key: _as_arrays(value) for key, value in data.items()}
     array = np.asarray(data)
@@ -92,6 +94,18 @@ def _as_arrays(data):
             "array of examples, e.g. np.arange(10)."
         )
     return array
+
+
+def _is_list_of_inputs(data) -> bool:
+    """A list of arrays (each with a batch dimension): several inputs, not one array.
+
+    Example:
+        >>> import numpy as np
+        >>> _is_list_of_inputs([np.zeros((4, 2)), np.zeros(4)]), _is_list_of_inputs([1, 2])
+        (True, False)
+    """
+    return (isinstance(data, list) and bool(data)
+            and all(getattr(part, "ndim", 0) >= 1 for part in data))
 
 
 def _paths(tree, prefix="data"):

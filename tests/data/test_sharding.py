@@ -512,3 +512,28 @@ def test_evaluate_predict_and_fit_run_every_step_without_warnings(make_strategy,
     # Every bar counts to 3, none "Unknown": split 50 = 16 + 16 + 18; dropped, 3 x 16.
     assert {final.split("/")[1] for final in finals} == {"3"}
     assert finals.count("3/3") >= 4
+
+
+def test_a_list_of_inputs_trains_as_on_one_device(make_strategy):
+    # Keras takes fit([x1, x2], y); so does sk.shard, and 2 replicas train as one device.
+    rng = np.random.default_rng(5)
+    x1, x2 = rng.normal(size=(32, 3)).astype("float32"), rng.normal(size=(32, 2)).astype(
+        "float32")
+    y = (x1.sum(axis=1, keepdims=True) - x2[:, :1]).astype("float32")
+
+    def two_inputs():
+        keras.utils.set_random_seed(3)
+        a, b = keras.Input((3,), name="a"), keras.Input((2,), name="b")
+        output = keras.layers.Dense(1)(keras.layers.Concatenate()([a, b]))
+        model = keras.Model([a, b], output)
+        model.compile(keras.optimizers.SGD(0.1), "mse")
+        return model
+
+    one_device = two_inputs()
+    one_device.fit([x1, x2], y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    strategy = make_strategy(2)
+    with strategy.scope():
+        model = two_inputs()
+    model.fit(sk.shard(([x1, x2], y), strategy, global_batch_size=8), epochs=2, verbose=0)
+    for got, expected in zip(model.get_weights(), one_device.get_weights(), strict=True):
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
