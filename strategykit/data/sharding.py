@@ -101,6 +101,11 @@ def shard(
     of the padded step over the copies too: with a remainder of a few examples, prefer
     `drop_remainder=True`.
 
+    With one replica (one device, or `tf.distribute.get_strategy()` outside any strategy
+    to get the same examples in the same order there) nothing is padded: the final
+    batch is the remainder, as Keras batches numpy data, and every number Keras
+    reports is its own.
+
     `pad_remainder=False` pads nothing: the final batch is spread as evenly as possible
     over the replicas (a remainder smaller than the number of replicas joins the batch
     before it, when the size of the data is known), so no replica runs an empty batch.
@@ -163,6 +168,8 @@ def shard(
     per_replica_batch_size(strategy, global_batch_size)
     upstream.install()  # Keras then counts only the real examples of a padded batch
     remainder = "drop" if drop_remainder else ("pad" if pad_remainder else "split")
+    if remainder == "pad" and strategy.num_replicas_in_sync == 1:
+        remainder = "split"  # one replica takes the final partial batch as it is
     source, size = examples_source(data)
     if size is not None:
         check_size(size, global_batch_size, remainder)

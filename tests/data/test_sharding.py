@@ -27,7 +27,8 @@ EXPECTED = {
     (4, "drop"): [[[0], [1], [2], [3]], [[4], [5], [6], [7]]],
 }
 # With padding, every replica's batch is full: the padded slots hold copies (weight 0).
-EXPECTED_PADDED_FINAL = {1: [[8, 9, 8, 9]], 2: [[8, 8], [9, 9]], 4: [[8], [9], [8], [9]]}
+# One replica pads nothing: its final batch is the remainder, as Keras batches numpy data.
+EXPECTED_PADDED_FINAL = {1: [[8, 9]], 2: [[8, 8], [9, 9]], 4: [[8], [9], [8], [9]]}
 
 
 def _sources():
@@ -61,10 +62,13 @@ def test_labels_and_weights_travel_with_their_examples(make_strategy, replicas):
         ws = strategy.experimental_local_results(w)
         for xr, yr, wr in zip(xs, ys, ws):
             np.testing.assert_array_equal(yr.numpy(), xr.numpy() * 10)
-            assert len(xr) == 4 // replicas  # never an empty replica batch
+            final = int(xr.numpy()[0]) >= 8
+            # never an empty replica batch; one replica's final batch is its 2 examples
+            assert len(xr) == (2 if final and replicas == 1 else 4 // replicas)
             real = wr.numpy() > 0
-            # full batches weigh 1; the final one's 2 real examples weigh 4 / 2
-            expected = 2.0 if int(xr.numpy()[0]) >= 8 else 1.0
+            # full batches weigh 1; the final one's 2 real examples weigh 4 / 2 where
+            # padded, 1 on one replica (nothing padded: a batch of 2 as one device's)
+            expected = 2.0 if final and replicas > 1 else 1.0
             np.testing.assert_array_equal(wr.numpy()[real], expected)
 
 
@@ -537,3 +541,18 @@ def test_a_list_of_inputs_trains_as_on_one_device(make_strategy):
     model.fit(sk.shard(([x1, x2], y), strategy, global_batch_size=8), epochs=2, verbose=0)
     for got, expected in zip(model.get_weights(), one_device.get_weights(), strict=True):
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_one_replica_evaluates_as_keras_does_on_numpy_data():
+    # Outside any strategy (the default one), sk.shard gives one device the same
+    # examples in the same order; its final batch is not padded, so Keras's unweighted
+    # metrics and loss count no copies (padded, they did: accuracy 0.50, one device's
+    # 0.545).
+    x = np.arange(11, dtype="float32")[:, None]
+    y = (np.arange(11) % 2).astype("float32")
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1, activation="sigmoid")])
+    model.compile("sgd", "binary_crossentropy", metrics=["accuracy"])
+    expected = model.evaluate(x, y, batch_size=4, verbose=0, return_dict=True)
+    data = sk.shard((x, y), tf.distribute.get_strategy(), global_batch_size=4)
+    assert model.evaluate(data, verbose=0, return_dict=True) == pytest.approx(expected)
