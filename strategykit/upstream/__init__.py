@@ -71,6 +71,9 @@ from __future__ import annotations
 
 import warnings
 
+import keras
+import tensorflow as tf
+
 from strategykit.upstream import (
     accumulation,
     distributed_datasets,
@@ -94,9 +97,8 @@ from strategykit.upstream.fix import (
 from strategykit.upstream.step_count import STEPS_RELIES_ON, state_steps
 
 FIXES = (*metric_variables.FIXES, *distributed_datasets.FIXES, *log_values.FIXES,
-         *accumulation.FIXES,
-         *multi_worker.FIXES, *worker_files.FIXES, *exact_metrics.FIXES, *epoch_input.FIXES,
-         *steps_per_execution.FIXES)
+         *accumulation.FIXES, *multi_worker.FIXES, *worker_files.FIXES, *exact_metrics.FIXES,
+         *epoch_input.FIXES, *steps_per_execution.FIXES)
 """Every fix, in the order `install()` installs them."""
 
 __all__ = ["CHECKED_ON", "COORDINATION_RELIES_ON", "FIXES", "STEPS_RELIES_ON", "Fix",
@@ -130,8 +132,6 @@ def install() -> None:
     unknown = [fix for fix in FIXES if not fix.install()]
     if unknown and not _warned[0]:
         _warned[0] = True
-        import keras
-        import tensorflow as tf
 
         def features(fixes) -> str:
             return "; ".join(dict.fromkeys(fix.affects for fix in fixes))

@@ -19,6 +19,9 @@ import importlib
 import inspect
 from collections.abc import Callable
 
+import keras
+import tensorflow as tf
+
 from strategykit.upstream import versions
 
 CHECKED_ON = versions.describe_checked_on()
@@ -141,9 +144,6 @@ class Fix:
 
     def refusal(self) -> str:
         """The message of the `UnknownUpstreamCode` this fix raises where it refuses."""
-        import keras
-        import tensorflow as tf
-
         unknown = _UNKNOWN.get(self) or self.unknown_code()
         return (
             f"strategykit cannot make {self.affects} work on TensorFlow {tf.__version__} + "
