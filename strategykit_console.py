@@ -46,8 +46,8 @@ TF_LOG_LINE = re.compile(
 )
 """A line of TensorFlow's C++ log (or absl's notice before its logging starts), also as
 `strategykit launch` forwards a worker's (`[worker k] I0000 ...`). Both formats:
-absl's (`I0000 00:00:1795452128.332057    2921 port.cc:153] ...`, TensorFlow 2.19 and
-later, and some lines of earlier ones) and TensorFlow's own of 2.18 and earlier
+absl's (`I0000 00:00:1795452128.332057    2921 port.cc:153] ...`) and TensorFlow's own,
+which TensorFlow 2.18 and 2.20 print some lines in
 (`2026-11-27 08:16:03.752152: E external/.../cuda_fft.cc:477] ...`)."""
 
 

@@ -134,7 +134,9 @@ def test_the_filter_keeps_every_other_line_of_stderr():
         import sys, strategykit_console
         strategykit_console.quiet_tensorflow()
         sys.stderr.write("kept 1\\nI0000 00:00:17.5  12 port.cc:153] dropped\\n")
-        sys.stderr.write("E1123 16:39:56.123456  99 cuda_platform.cc:52] dropped\\nkept 2")
+        sys.stderr.write("E1123 16:39:56.123456  99 cuda_platform.cc:52] dropped\\n")
+        sys.stderr.write("2026-11-27 08:16:03.752152: E external/x/cuda_fft.cc:477] dropped\\n")
+        sys.stderr.write("kept 2")
         print("out")
     """)
     assert result.stderr == "kept 1\nkept 2"
