@@ -72,7 +72,11 @@ def test_a_dead_peer_fails_the_others_within_seconds(tmp_path):
     ended = time.time()
     assert finished[1].returncode == -9
     assert finished[0].returncode != 0
-    assert "stopped sending heartbeats" in finished[0].stderr, finished[0].stderr[-3000:]
+    # TensorFlow reports the dead peer by its missing heartbeats or, when the step's
+    # all-reduce notices first (a loaded machine), by the collective's lost connection.
+    stderr = finished[0].stderr
+    assert ("stopped sending heartbeats" in stderr
+            or ("UnavailableError" in stderr and "/task:1" in stderr)), stderr[-3000:]
     assert ended - _fault_time(finished) < 40  # about 12 s here
 
 
