@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import functools
-
 import tensorflow as tf
 
-from strategykit.upstream.fix import Fix, fingerprint, original, resolve
+from strategykit.upstream.fix import Fix, by_fingerprint, original, resolve
 
 # Every micro-step all-reduces its gradients (True), or each replica accumulates its own
 # and the sums are all-reduced once per update (False, the default; see the fix below).
@@ -64,7 +62,7 @@ def _accumulating_apply_gradients(self, grads, trainable_variables):
                     lambda: self._overwrite_model_variables_with_average_value(
                         self._trainable_variables),
                     lambda: None)
-    if _counts_micro_steps_here():
+    if by_fingerprint(_BASE_APPLY_GRADIENTS, _KERAS_COUNTS_IN_APPLY_GRADIENTS):
         self._iterations.assign_add(1)
 
 
@@ -75,11 +73,7 @@ _KERAS_COUNTS_IN_APPLY_GRADIENTS = {
     "90f49235e544f3f1": True,  # Keras 3.8.0 to 3.9.2
     "48d6e24d58039241": False,  # Keras 3.10.0 to 3.15.1
 }
-
-
-@functools.cache
-def _counts_micro_steps_here() -> bool:
-    return _KERAS_COUNTS_IN_APPLY_GRADIENTS[fingerprint(f"{_BASE}._backend_apply_gradients")]
+_BASE_APPLY_GRADIENTS = "keras.src.optimizers.base_optimizer:BaseOptimizer._backend_apply_gradients"
 
 
 def _accumulate(strategy, grads, *, optimizer, variables):
@@ -166,7 +160,7 @@ FIXES = (
             f"{_BASE}.build": ("e9d310fddad51ed1", "715ea549b368386f"),
             f"{_BASE}.iterations": "03eb6e7ab4b8a5f3",  # _iterations // K
             # replaced; EMA, and whether it counts the micro-step
-            f"{_BASE}._backend_apply_gradients": tuple(_KERAS_COUNTS_IN_APPLY_GRADIENTS),
+            _BASE_APPLY_GRADIENTS: tuple(_KERAS_COUNTS_IN_APPLY_GRADIENTS),
             f"{_BASE}._clip_gradients": "152b956e23c91ad9",
             f"{_BASE}._use_weight_decay": "0e73208c5bf5328d",
             f"{_BASE}._backend_reset_gradient_accumulators": ("4e9ad3b3e598cfb6",

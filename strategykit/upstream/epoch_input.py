@@ -32,12 +32,11 @@ steps and never past the epoch's end, and the last step Keras reports is the las
 
 from __future__ import annotations
 
-import functools
 import weakref
 
 from strategykit.cluster.roles import is_multi_worker
 from strategykit.upstream import iterator_reaper, steps_per_execution
-from strategykit.upstream.fix import Fix, fingerprint, original, resolve
+from strategykit.upstream.fix import Fix, by_fingerprint, original, resolve
 
 _EPOCH_ITERATOR = "keras.src.backend.tensorflow.trainer:TFEpochIterator"
 _SOURCES = weakref.WeakKeyDictionary()
@@ -96,7 +95,7 @@ def _releasing_keras_iterators(self, keras_epoch):
     next one (dropping this one), and the last when the epoch iterator is deleted."""
     reading = _reading(self)
     for execution in keras_epoch:
-        reading.read(execution[-1])  # (first, [last,] iterator): see _yields_last_step
+        reading.read(execution[-1])  # (first, [last,] iterator): see yields_last_step
         yield execution
 
 
@@ -149,7 +148,7 @@ def _epoch_of_new_iterator(self):
 
 def _executions(self, iterator, steps: int):
     per_execution = self.steps_per_execution
-    with_last = _yields_last_step()
+    with_last = by_fingerprint(_KERAS_ENUMERATE, _KERAS_YIELDS_LAST_STEP)
     for first in range(0, steps, per_execution):
         count = min(per_execution, steps - first)
         self._steps_seen = first + count
@@ -167,9 +166,10 @@ _KERAS_YIELDS_LAST_STEP = {
 }
 
 
-@functools.cache
-def _yields_last_step() -> bool:
-    return _KERAS_YIELDS_LAST_STEP[fingerprint(_KERAS_ENUMERATE)]
+def yields_last_step() -> bool:
+    """Whether Keras's epochs yield `(first, last, iterator)` (Keras 3.11 and later) or
+    `(first, iterator)`; callbacks get an execution's last or first step accordingly."""
+    return by_fingerprint(_KERAS_ENUMERATE, _KERAS_YIELDS_LAST_STEP)
 
 
 FIXES = (

@@ -188,13 +188,20 @@ def _owner():
     return resolve(_TRAINER)
 
 
-def _weighted_on_several_replicas(model, *args, sample_weight=None, **kwargs) -> bool:
+def _weighted_on_several_replicas(sample_weight) -> bool:
     """Where the fixes are needed: sample weights (as `sk.shard`'s padded batches carry)
     in a replica context of several replicas."""
-    if len(args) == 4:  # compute_metrics(x, y, y_pred, sample_weight) by position
-        sample_weight = args[3]
     return (sample_weight is not None and _in_replica_context()
             and tf.distribute.get_strategy().num_replicas_in_sync > 1)
+
+
+def _loss_needs_the_fix(model, x=None, y=None, y_pred=None, sample_weight=None,
+                        training=True) -> bool:
+    return _weighted_on_several_replicas(sample_weight)
+
+
+def _metrics_need_the_fix(model, x, y, y_pred, sample_weight=None) -> bool:
+    return _weighted_on_several_replicas(sample_weight)
 
 
 _AFFECTS = "the loss and metrics of a padded final batch (sk.shard) on several replicas"
@@ -222,8 +229,8 @@ _RELIES_ON = {
 FIXES = (
     Fix(issue=ISSUE, affects=_AFFECTS, owner=_TRAINER, attribute="_compute_loss",
         replacement=compute_loss_over_real_examples, relies_on=_RELIES_ON,
-        refuses_when=_weighted_on_several_replicas),
+        refuses_when=_loss_needs_the_fix),
     Fix(issue=ISSUE, affects=_AFFECTS, owner=_TRAINER, attribute="compute_metrics",
         replacement=compute_metrics_over_real_examples, relies_on=_RELIES_ON,
-        refuses_when=_weighted_on_several_replicas),
+        refuses_when=_metrics_need_the_fix),
 )

@@ -202,6 +202,26 @@ def resolve(name: str):
     return target.fget if isinstance(target, property) else target
 
 
+def by_fingerprint(name: str, choices: dict):
+    """What a fix does on the installed code of `name`: `choices[fingerprint(name)]`.
+
+    For upstream code that differs between the versions a fix was checked on; pin the
+    same fingerprints in `relies_on` (`tuple(choices)`), so that unknown code never
+    gets here. Read once per process.
+
+    Example:
+        >>> name = "strategykit.upstream.fix:by_fingerprint"
+        >>> by_fingerprint(name, {fingerprint(name): "this version"})
+        'this version'
+    """
+    return choices[_fingerprint_once(name)]
+
+
+@functools.cache
+def _fingerprint_once(name: str) -> str:
+    return fingerprint(name)
+
+
 def fingerprint(name: str) -> str:
     """The first 16 hex digits of the SHA-256 of the upstream source code `name` names.
 

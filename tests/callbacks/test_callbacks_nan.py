@@ -122,7 +122,7 @@ def test_stop_with_several_steps_per_execution_says_it_cannot_restore():
     model.compile(keras.optimizers.SGD(0.1), "mse", steps_per_execution=2)
     x, y = nan_in_replica_2()
     # Keras reports an execution of steps 2 and 3 by its last step (by its first on 3.8).
-    batch = 3 if epoch_input._yields_last_step() else 2
+    batch = 3 if epoch_input.yields_last_step() else 2
     with pytest.warns(RuntimeWarning, match=rf"replica 0 \(nan\) of 1 at epoch 0, batch {batch}\. "
                                             r".*without restoring the weights: with "
                                             r"steps_per_execution=2"):

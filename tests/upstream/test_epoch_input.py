@@ -192,7 +192,7 @@ def test_steps_per_execution_counts_every_step_in_callbacks(make_strategy):
               callbacks=[callback])
     # 5 steps: executions of 2, 2 and 1, each reported by its last step (by its first on
     # Keras 3.8, whose epochs yield no last step and whose callbacks get the first).
-    assert ends == ([1, 3, 4] if epoch_input._yields_last_step() else [0, 2, 4])
+    assert ends == ([1, 3, 4] if epoch_input.yields_last_step() else [0, 2, 4])
     assert model.optimizer.iterations.numpy() == 5
 
 
