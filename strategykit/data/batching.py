@@ -56,6 +56,7 @@ def batch_for_replicas(
     remainder: str,
     per_replica: bool,
     size: int | None = None,
+    class_weights=None,
 ) -> tf.data.Dataset:
     """Batches one pipeline's examples for its replicas, with sample weights.
 
@@ -68,6 +69,9 @@ def batch_for_replicas(
             `distribute_datasets_from_function`); otherwise the batches are global
             (for `experimental_distribute_dataset`, which cuts them itself).
         size: the number of examples of this pipeline, when known (`"split"` uses it).
+        class_weights: None, or a function `(x, y) -> weights` of a batch, one per
+            example (Keras's `class_weight`), multiplied into the weights before the
+            batch is padded: a padded copy keeps its weight -0.0.
 
     Returns:
         A dataset of batches `(x, y, w)`, or `x` for features-only data (which cannot
@@ -90,6 +94,8 @@ def batch_for_replicas(
         weight = _to_rank(tf.ones([size], tf.float32), rank)
         if user_weight is not None:
             weight = _to_rank(tf.cast(user_weight, tf.float32), rank) * weight
+        if class_weights is not None:
+            weight = _to_rank(tf.cast(class_weights(x, y), tf.float32), rank) * weight
         if not pad:
             return x, y, weight
         return _pad((x, y, weight), pipeline_batch_size, replicas, weighted=True)

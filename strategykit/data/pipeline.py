@@ -14,7 +14,8 @@ from strategykit.data.batching import batch_for_replicas, count_batches
 
 def make_pipeline(examples, size=None, context=None, *, global_batch_size, remainder,
                   replicas=None, shuffle=False, seed=None, shuffle_buffer=None, augment=None,
-                  every_replica=False, steps=None, specs=None, continuous=False):
+                  every_replica=False, steps=None, specs=None, continuous=False,
+                  class_weights=None):
     """Shuffles and batches unbatched examples; used by `shard` and `shard_tfds`.
 
     With an input `context` (`distribute_datasets_from_function`) the result is this
@@ -30,7 +31,8 @@ def make_pipeline(examples, size=None, context=None, *, global_batch_size, remai
     batches; when it is known it is appended to the list `steps`, for the caller to
     state to Keras; the spec of a step's element is appended to the list `specs`. With
     `continuous`, one pass of the result is every epoch's pass from the current one on
-    (`position.positioned`).
+    (`position.positioned`). `class_weights` multiplies every batch's weights
+    (`batching.batch_for_replicas`).
     """
     options = tf.data.Options()
     policy = tf.data.experimental.AutoShardPolicy
@@ -66,7 +68,7 @@ def make_pipeline(examples, size=None, context=None, *, global_batch_size, remai
                                       None if every_replica else context)
         batches = batch_for_replicas(
             shuffled, pipeline_batch_size=batch_size, replicas=replicas, remainder=remainder,
-            per_replica=context is not None, size=size,
+            per_replica=context is not None, size=size, class_weights=class_weights,
         )
         return _own_replicas(batches, context, count) if every_replica else batches
 

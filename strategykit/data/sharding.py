@@ -26,6 +26,7 @@ from strategykit.data.batching import split_labels
 from strategykit.data.pipeline import make_pipeline
 from strategykit.data.sources import check_size, examples_source
 from strategykit.data.stream import EpochStream, attach_stream
+from strategykit.upstream import class_weights as class_weighting
 from strategykit.upstream import state_steps
 
 _WEIGHTED = weakref.WeakKeyDictionary()  # distributed datasets made here that carry weights
@@ -115,6 +116,10 @@ def shard(
     Data without labels (an array, a dict, a 1-tuple) gets no weights; its padded
     copies are not marked, so use `pad_remainder=False` (e.g. for `predict`).
 
+    `fit(ds, class_weight=...)` multiplies each real example's weight by its class's
+    before the batch is padded (copies stay -0.0): N replicas train as one device with
+    `class_weight` (`strategykit.upstream.class_weights`).
+
     With several workers, numpy and `tf.data` inputs are sharded by data (policy
     `DATA`, set explicitly: no AUTO-sharding warnings), every worker getting its
     replicas' slices of each padded global batch. `fn(input_context)` must read its own
@@ -195,8 +200,8 @@ def shard(
         replicas=strategy.num_replicas_in_sync, augment=augment, steps=steps, specs=specs,
     )
 
-    def distribute(continuous: bool = False):
-        build = functools.partial(pipeline, continuous=continuous)
+    def distribute(continuous: bool = False, class_weights=None):
+        build = functools.partial(pipeline, continuous=continuous, class_weights=class_weights)
         if callable(data):
             return strategy.distribute_datasets_from_function(
                 lambda context: build(source(context), context=context))
@@ -206,15 +211,35 @@ def shard(
                 lambda context: build(source(None), size, context=context, every_replica=True))
         return strategy.experimental_distribute_dataset(build(source(None)))
 
-    distributed = distribute()
-    if steps:
-        state_steps(distributed, steps[0])
-        if not is_multi_worker(strategy):
-            attach_stream(distributed, EpochStream(
-                lambda: distribute(continuous=True), steps[0], element_spec=specs[0],
-                keyed_by_epoch=seed is not None and (shuffle or augment is not None)))
-    _WEIGHTED[distributed] = True
-    return distributed
+    def made(class_weights=None):
+        """The distributed dataset, its batches' weights times `class_weights(x, y)`."""
+        distributed = distribute(class_weights=class_weights)
+        if steps:
+            state_steps(distributed, steps[0])
+            if not is_multi_worker(strategy):
+                attach_stream(distributed, EpochStream(
+                    lambda: distribute(continuous=True, class_weights=class_weights),
+                    steps[0], element_spec=specs[0],
+                    keyed_by_epoch=seed is not None and (shuffle or augment is not None)))
+        _WEIGHTED[distributed] = True
+        class_weighting.register(distributed, functools.partial(
+            _with_class_weights, made, specs[-1] if specs else None))
+        return distributed
+
+    return made()
+
+
+def _with_class_weights(made, element_spec, class_weights):
+    """`made(class_weights)`: `fit(class_weight=...)` on data of labels (Keras's map of
+    its class weights, `upstream.class_weights`); raises ValueError on features only."""
+    if element_spec is not None and split_labels(element_spec)[1] is None:
+        raise ValueError(
+            "class_weight needs labels, and this sk.shard data holds features only. "
+            f"Received: class_weight={class_weights.class_weight} "
+            f"and data of element_spec={element_spec}. Pass (x, y) to sk.shard, or fit "
+            "without class_weight."
+        )
+    return made(class_weights)
 
 
 def replica_batches(ds, strategy: tf.distribute.Strategy, steps: int | None = None, *,
@@ -269,5 +294,7 @@ def _check_strategy(strategy):
     if not isinstance(strategy, tf.distribute.Strategy):
         raise ValueError(
             f"strategy must be a tf.distribute.Strategy. Received: {type(strategy).__name__}. "
-            "Build one with sk.mirrored() or sk.from_env()."
+            "Build one with sk.mirrored() or sk.from_env(), or, for one device without a "
+            "strategy (the same examples in the same order), pass "
+            "tf.distribute.get_strategy()."
         )

@@ -42,6 +42,18 @@ Fixes, one module each:
   not two), never past an epoch's end.
 * `steps_per_execution`, keras-team/keras#19246: `steps_per_execution` > 1 under several
   replicas, with all-reduces in the steps (synchronized batch norm, exact metrics).
+* `class_weights`, tensorflow/tensorflow#41290: `fit(class_weight=...)` of `sk.shard`
+  data, the class weights multiplied into its weights before it is distributed.
+* `replica_losses`: every replica's `add_loss` and activity-regularization terms count
+  (Keras keeps them on the layer, which the replicas share; no upstream issue found),
+  and activity regularizers sum to one device's term on Keras 3.8 to 3.13
+  (keras-team/keras#22018).
+* `reported_losses`: a loss that a custom `train_step` reports through a `Mean`
+  metric is one device's value, not 1/N of it (no upstream issue found).
+* `optimizer_build`, keras-team/keras#20164: an optimizer first built in a custom
+  `train_step` (a GAN's) under a strategy creates its variables out of the traced step.
+* `traceback_frames`: Keras hides strategykit's frames from tracebacks as its own (no
+  upstream issue).
 * `iterator_reaper`: deletes the iterators that are done with on a thread of its own
   (TensorFlow's deletion can block for a minute); not a `Fix`.
 * `metric_state`: `sk.combine_across_replicas`, how a metric's state that is not a sum
@@ -62,9 +74,11 @@ Example:
     ...     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
     ...     model.compile(keras.optimizers.Adam(gradient_accumulation_steps=4), "mse")
     >>> sorted({fix.issue for fix in sk.upstream.FIXES})  # doctest: +NORMALIZE_WHITESPACE
-    ['keras-team/keras#19246', 'keras-team/keras#20134', 'keras-team/keras#20582',
-     'keras-team/keras#20585', 'keras-team/keras#21061', 'keras-team/keras@3.12.0',
-     'tensorflow/tensorflow#39268', 'tensorflow/tensorflow#67677']
+    ['keras-team/keras (unreported)', 'keras-team/keras#19246', 'keras-team/keras#20134',
+     'keras-team/keras#20164', 'keras-team/keras#20582', 'keras-team/keras#20585',
+     'keras-team/keras#21061', 'keras-team/keras#22018', 'keras-team/keras@3.12.0',
+     'tensorflow/tensorflow#39268', 'tensorflow/tensorflow#41290',
+     'tensorflow/tensorflow#67677']
 """
 
 from __future__ import annotations
@@ -76,13 +90,18 @@ import tensorflow as tf
 
 from strategykit.upstream import (
     accumulation,
+    class_weights,
     distributed_datasets,
     epoch_input,
     exact_metrics,
     log_values,
     metric_variables,
     multi_worker,
+    optimizer_build,
+    replica_losses,
+    reported_losses,
     steps_per_execution,
+    traceback_frames,
     worker_files,
 )
 from strategykit.upstream.coordination import COORDINATION_RELIES_ON
@@ -98,7 +117,9 @@ from strategykit.upstream.step_count import STEPS_RELIES_ON, state_steps
 
 FIXES = (*metric_variables.FIXES, *distributed_datasets.FIXES, *log_values.FIXES,
          *accumulation.FIXES, *multi_worker.FIXES, *worker_files.FIXES, *exact_metrics.FIXES,
-         *epoch_input.FIXES, *steps_per_execution.FIXES)
+         *epoch_input.FIXES, *steps_per_execution.FIXES, *replica_losses.FIXES,
+         *reported_losses.FIXES, *optimizer_build.FIXES, *traceback_frames.FIXES,
+         *class_weights.FIXES)
 """Every fix, in the order `install()` installs them."""
 
 __all__ = ["CHECKED_ON", "COORDINATION_RELIES_ON", "FIXES", "STEPS_RELIES_ON", "Fix",

@@ -38,7 +38,9 @@ class Fix:
 
     Attributes:
         issue: the upstream issue, e.g. `"keras-team/keras#20582"`, or where none was
-            found the release that fixed it upstream, e.g. `"keras-team/keras@3.12.0"`.
+            found the release that fixed it upstream, e.g. `"keras-team/keras@3.12.0"`,
+            or where upstream neither reported nor fixed it `"keras-team/keras
+            (unreported)"`.
         affects: what users lose where the fix cannot be installed, in a few words, e.g.
             `"gradient_accumulation_steps under a tf.distribute strategy"`.
         owner: `"module:Class"` whose attribute is replaced, or `"module"` for a
@@ -58,6 +60,11 @@ class Fix:
             does what the fix does (a Keras release with the issue fixed): where all
             match, the fix is not needed and installs nothing. Empty: needed on every
             version.
+        guard: for an attribute a function cannot stand for (a property): called with
+            the fix, it returns the attribute installed where the code is unknown,
+            upstream's own behaviour except where the fix is needed, where it raises
+            `UnknownUpstreamCode(fix.refusal())`. None: where `refuses_when` is given,
+            a function guard made of it.
     """
 
     issue: str
@@ -68,6 +75,7 @@ class Fix:
     relies_on: dict
     refuses_when: Callable[..., bool] | None = None
     fixed_upstream: dict = dataclasses.field(default_factory=dict)
+    guard: Callable[[Fix], object] | None = None
 
     def owner_class(self):
         """The class (or module) whose attribute is replaced."""
@@ -121,7 +129,7 @@ class Fix:
             self._replace_with(self.replacement)
             return True
         _UNKNOWN[self] = unknown
-        if self.refuses_when is not None:
+        if self.refuses_when is not None or self.guard is not None:
             self._replace_with(_GUARDS.setdefault(self, _guard(self)))
         return False
 
@@ -179,6 +187,8 @@ def _differing(pins: dict) -> dict:
 def _guard(fix: Fix):
     """The attribute installed where `fix`'s code is unknown: upstream's own, except where
     `fix.refuses_when` says the fix is needed."""
+    if fix.guard is not None:
+        return fix.guard(fix)
     original_attribute = fix.owner_class().__dict__.get(fix.attribute)
     if isinstance(original_attribute, (staticmethod, classmethod, property)):
         raise TypeError(f"{fix.owner}.{fix.attribute}: a guard replaces functions only")

@@ -33,6 +33,7 @@ are left as they are.
 
 from __future__ import annotations
 
+import keras
 import tensorflow as tf
 
 from strategykit.cluster.roles import is_multi_worker
@@ -84,6 +85,10 @@ class _Unknown(Exception):
 
 
 def _build_from_first_replica(self, iterator=None, data_batch=None):
+    if type(self).call is keras.Model.call:
+        # A model without call() (keras.io's GAN) cannot be built symbolically; as on one
+        # device, its layers are built where its train_step first uses them.
+        return None
     strategy = self._distribute_strategy
     if data_batch is None and iterator is not None and not _needs_a_batch(self):
         iterator = None  # built: upstream would start an iterator for a batch it ignores

@@ -396,6 +396,14 @@ def test_errors(make_strategy):
         sk.shard(IDS, strategy, global_batch_size=5)
 
 
+def test_no_strategy_says_how_to_shard_for_one_device():
+    with pytest.raises(ValueError, match=r"strategy must be a tf\.distribute\.Strategy\. "
+                       r"Received: NoneType\. Build one with sk\.mirrored\(\) or "
+                       r"sk\.from_env\(\), or, for one device without a strategy \(the same "
+                       r"examples in the same order\), pass tf\.distribute\.get_strategy\(\)"):
+        sk.shard((IDS, IDS), None, global_batch_size=4)
+
+
 def test_batch_detection_relies_on_private_tf_data_api():
     # Fails when tf.data renames `_inputs()` or its batching classes: see sharding.py.
     from strategykit.data.sources import _batching_transformation
@@ -519,9 +527,10 @@ def test_evaluate_predict_and_fit_run_every_step_without_warnings(make_strategy,
 
 
 def test_a_list_of_inputs_trains_as_on_one_device(make_strategy):
-    # Keras takes fit([x1, x2], y); so does sk.shard, and 2 replicas train as one device.
+    # Keras takes fit([x1, x2], y); so does sk.shard, and 4 replicas train as one device,
+    # also on the padded final batch (30 = 3 x 8 + 6: 2, 2, 1 and 1 real examples).
     rng = np.random.default_rng(5)
-    x1, x2 = rng.normal(size=(32, 3)).astype("float32"), rng.normal(size=(32, 2)).astype(
+    x1, x2 = rng.normal(size=(30, 3)).astype("float32"), rng.normal(size=(30, 2)).astype(
         "float32")
     y = (x1.sum(axis=1, keepdims=True) - x2[:, :1]).astype("float32")
 
@@ -535,7 +544,7 @@ def test_a_list_of_inputs_trains_as_on_one_device(make_strategy):
 
     one_device = two_inputs()
     one_device.fit([x1, x2], y, batch_size=8, epochs=2, shuffle=False, verbose=0)
-    strategy = make_strategy(2)
+    strategy = make_strategy(4)
     with strategy.scope():
         model = two_inputs()
     model.fit(sk.shard(([x1, x2], y), strategy, global_batch_size=8), epochs=2, verbose=0)

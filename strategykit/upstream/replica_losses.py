@@ -1,0 +1,158 @@
+"""Every replica's `add_loss` terms, and activity regularization as on one device.
+
+Keras keeps the terms that `add_loss` adds (activity regularizers' too) in a list on
+the layer, `Layer._losses`, and every replica shares the layer. `MirroredStrategy`
+traces its replicas in turn, one thread each, and switches between them at every
+cross-replica call. Where a step all-reduces between the forward pass and reading
+`model.losses` (synchronized batch norm, Keras's own `synchronized=True` too;
+strategykit's exact metrics), every replica reads the terms of the replica traced last,
+and the other replicas' terms are lost, silently (no upstream issue found).
+
+* `Layer._losses` becomes a property: in a replica context of several replicas each
+  replica's thread has a list of its own for the layer; elsewhere it is the layer's own
+  list, as before.
+* `Layer.activity_regularizer` becomes a property on Keras 3.8 to 3.13, where an
+  activity regularizer's term is a sum over the batch (Keras 3.14 divides it by the
+  batch size: keras-team/keras#22018). Keras scales every added loss by 1/replicas, so
+  there the replicas' terms add up to 1/N of one device's. In a replica context of
+  several replicas the regularizer's value is multiplied by the number of replicas, so
+  that they add up to one device's term; elsewhere it is the layer's own regularizer
+  (`get_config` and saving are unchanged).
+
+Terms that `add_loss` adds are, as Keras defines them under a strategy, averaged over
+the replicas: a term that is a mean over the batch (or depends on weights only) trains
+as on one device; a term that is a *sum* over the batch is 1/N of one device's on N
+replicas, as in plain Keras (`sk.check` shows it).
+
+Example:
+    >>> import strategykit as sk
+    >>> from strategykit.upstream import replica_losses
+    >>> replica_losses.PER_REPLICA_LOSSES.attribute
+    '_losses'
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+
+import tensorflow as tf
+
+from strategykit.upstream.fix import Fix, UnknownUpstreamCode
+
+_LAYER = "keras.src.layers.layer:Layer"
+_per_thread = threading.local()  # MirroredStrategy traces each replica in its own thread
+
+
+def several_replicas_tracing() -> bool:
+    """Whether the caller runs in a replica context of more than one replica."""
+    return (tf.distribute.has_strategy() and not tf.distribute.in_cross_replica_context()
+            and tf.distribute.get_strategy().num_replicas_in_sync > 1)
+
+
+# Layer._losses: one list per replica.
+
+def _get_losses(layer):
+    if several_replicas_tracing():
+        lists = getattr(_per_thread, "losses", None)
+        if lists is None:
+            lists = _per_thread.losses = weakref.WeakKeyDictionary()
+        return lists.setdefault(layer, [])
+    return layer.__dict__.setdefault("_losses", [])
+
+
+def _set_losses(layer, value):
+    layer.__dict__["_losses"] = value
+
+
+class _RefusingList(list):
+    """The `_losses` of a replica on unknown Keras code: adding a loss refuses."""
+
+    def __init__(self, message: str):
+        super().__init__()
+        self.message = message
+
+    def _refuse(self, *args):
+        raise UnknownUpstreamCode(self.message)
+
+    append = extend = __iadd__ = _refuse
+
+
+def _refusing_losses(fix: Fix) -> property:
+    def get(layer):
+        if several_replicas_tracing():
+            return _RefusingList(fix.refusal())
+        return layer.__dict__.setdefault("_losses", [])
+
+    return property(get, _set_losses)
+
+
+PER_REPLICA_LOSSES = Fix(
+    issue="keras-team/keras (unreported)",
+    affects="add_loss and activity regularizers on several replicas",
+    owner=_LAYER,
+    attribute="_losses",
+    replacement=property(_get_losses, _set_losses,
+                         doc="This replica's `add_loss` terms (strategykit)."),
+    relies_on={
+        f"{_LAYER}.add_loss": ("4d3e41c66f25bcaa", "7f70f38e2f25640d"),
+        f"{_LAYER}._get_own_losses": "bce6599684980e77",
+        f"{_LAYER}._clear_losses": ("ad0524e511c14c68", "9e906f0d5c292178"),
+        f"{_LAYER}.losses": "32901b90c62f29a3",
+    },
+    guard=_refusing_losses,
+)
+
+
+# Layer.activity_regularizer: one device's term on Keras 3.8 to 3.13.
+
+class _TimesReplicas:
+    """An activity regularizer whose value is multiplied by the number of replicas."""
+
+    def __init__(self, regularizer, replicas: int):
+        self.regularizer, self.replicas = regularizer, replicas
+
+    def __call__(self, output):
+        value = self.regularizer(output)
+        return value * tf.cast(self.replicas, value.dtype)
+
+
+def _get_activity_regularizer(layer):
+    regularizer = layer.__dict__.get("activity_regularizer")
+    if regularizer is not None and several_replicas_tracing():
+        return _TimesReplicas(regularizer, tf.distribute.get_strategy().num_replicas_in_sync)
+    return regularizer
+
+
+def _set_activity_regularizer(layer, value):
+    layer.__dict__["activity_regularizer"] = value
+
+
+def _refusing_activity_regularizer(fix: Fix) -> property:
+    def get(layer):
+        regularizer = layer.__dict__.get("activity_regularizer")
+        if regularizer is not None and several_replicas_tracing():
+            raise UnknownUpstreamCode(fix.refusal())
+        return regularizer
+
+    return property(get, _set_activity_regularizer)
+
+
+ACTIVITY_REGULARIZER = Fix(
+    issue="keras-team/keras#22018",
+    affects="activity regularizers on several replicas",
+    owner=_LAYER,
+    attribute="activity_regularizer",
+    replacement=property(_get_activity_regularizer, _set_activity_regularizer,
+                         doc="The layer's activity regularizer (strategykit)."),
+    relies_on={f"{_LAYER}.__call__": (
+        "a574c14d7e53e7ec",  # 3.8
+        "4a3c8ec158acc6ce",  # 3.9
+        "26c2a8eeb1c7ac58",  # 3.10
+        "23d75e1c7be35a42",  # 3.11 to 3.13
+    )},
+    guard=_refusing_activity_regularizer,
+    fixed_upstream={f"{_LAYER}.__call__": "4fb7e42e4ffd9b1a"},  # 3.14, 3.15
+)
+
+FIXES = (PER_REPLICA_LOSSES, ACTIVITY_REGULARIZER)
