@@ -30,6 +30,9 @@ class CrossReplicaLoss(keras.callbacks.ProgbarLogger):
       weighted by their real example counts); `loss/min`, `loss/max` and `loss/std`
       (population standard deviation, same weights) of the replicas' losses; on
       request `loss/sum`, the sum of the replicas' losses;
+    - the same keys for every other loss a custom `train_step` reports through a
+      `keras.metrics.Mean` (a GAN's `d_loss/replica_<k>`, `d_loss/mean`, ...,
+      `g_loss/...`), each replica's mean of the values it added;
     - `replica_drift` (epoch logs, several replicas): the largest difference between a
       replica's copy of any weight and replica 0's (unsynchronized batch norm drifts).
 
@@ -44,7 +47,8 @@ class CrossReplicaLoss(keras.callbacks.ProgbarLogger):
     the model runs hooked copies of its step functions; afterwards its own are back,
     and the hooked ones are kept with the model, so the next `fit()` (with this callback
     or a new one) traces nothing again. Custom `train_step`s must compute their loss
-    with `self.compute_loss(...)`. In a standalone `evaluate()` the keys reach the other
+    with `self.compute_loss(...)` or report it through a `keras.metrics.Mean`. In a
+    standalone `evaluate()` the keys reach the other
     callbacks' logs, not its return value.
 
     NaN guard: after each batch every replica's loss is checked; a non-finite one is
@@ -154,19 +158,20 @@ class CrossReplicaLoss(keras.callbacks.ProgbarLogger):
         self._display.flush()
 
     def on_train_batch_end(self, batch, logs=None):
-        values, counts = self._hooks.train.read()
-        self._guard_loss(values, counts, batch)
+        read = self._read(self._hooks.train)
+        for values, counts in read.values():
+            self._guard_loss(values, counts, batch)
         if self.batch_logs and logs is not None:
-            logs.update(self.log_values(values, counts))
+            logs.update(self._entries(read))
         self._display.later("on_train_batch_end", batch, logs=logs)
 
     def on_epoch_end(self, epoch, logs=None):
         self._display.later("on_epoch_end", epoch, logs=logs)
         if logs is None:
             return
-        logs.update(self.log_values(*self._hooks.train.read()))
+        logs.update(self._entries(self._read(self._hooks.train)))
         if self._validation is not None:
-            logs.update(self.log_values(*self._validation, prefix="val_"))
+            logs.update(self._entries(self._validation, prefix="val_"))
         report = self._inspector()
         self._guard_weights(report.non_finite)
         if self.model.distribute_strategy.num_replicas_in_sync > 1:
@@ -195,13 +200,13 @@ class CrossReplicaLoss(keras.callbacks.ProgbarLogger):
 
     def on_test_batch_end(self, batch, logs=None):
         if self.batch_logs and logs is not None:
-            logs.update(self.log_values(*self._hooks.test.read()))
+            logs.update(self._entries(self._read(self._hooks.test)))
         self._display.later("on_test_batch_end", batch, logs=logs)
 
     def on_test_end(self, logs=None):
-        self._validation = self._hooks.test.read()
+        self._validation = self._read(self._hooks.test)
         if logs is not None:
-            logs.update(self.log_values(*self._validation))
+            logs.update(self._entries(self._validation))
         if not self._in_fit:
             self._uninstall()
         self._display.now("on_test_end", logs=logs)
@@ -219,16 +224,28 @@ class CrossReplicaLoss(keras.callbacks.ProgbarLogger):
 
     # The values.
 
-    def log_values(self, values, counts, prefix: str = "") -> dict:
+    def log_values(self, values, counts, prefix: str = "", name: str = "loss") -> dict:
         """The log entries of per-replica mean losses and their real example counts."""
         entries = {}
         if self.per_replica:
-            entries.update({f"{prefix}loss/replica_{k}": float(v) for k, v in enumerate(values)})
+            entries.update({f"{prefix}{name}/replica_{k}": float(v)
+                            for k, v in enumerate(values)})
         seen = counts > 0
         if seen.any():
             for op in self.reductions:
                 value = reduce_stacked(values[seen], op, weights=counts[seen])
-                entries[f"{prefix}loss/{op}"] = float(value)
+                entries[f"{prefix}{name}/{op}"] = float(value)
+        return entries
+
+    @staticmethod
+    def _read(accumulator) -> dict:
+        """`{loss name: (values, counts)}` of every loss the step reports."""
+        return {name: accumulator.read(name) for name in accumulator.names}
+
+    def _entries(self, read: dict, prefix: str = "") -> dict:
+        entries = {}
+        for name, (values, counts) in read.items():
+            entries.update(self.log_values(values, counts, prefix=prefix, name=name))
         return entries
 
     def _guard_loss(self, values, counts, batch):

@@ -36,25 +36,32 @@ import tensorflow as tf
 
 from strategykit.callbacks import model_cache
 from strategykit.callbacks.nan_guard import WeightSnapshot
-from strategykit.upstream import exact_metrics
+from strategykit.upstream import exact_metrics, reported_losses
 
 _ORIGINAL = "_strategykit_original"
 _OUTPUT = "strategykit/replica_sums"
 _capture = threading.local()  # MirroredStrategy traces each replica in its own thread
+MAX_LOSSES = 8
 
 
 class ReplicaAccumulator:
-    """Per-replica running sums: `loss x examples` and real examples, since `reset()`.
+    """Per-replica running sums of each loss a step reports, since `reset()`.
+
+    Slot 0 holds the model's loss (`loss x examples` and real examples); the other
+    slots the losses a step reports through a `Mean` metric under their own
+    names (`value x weight` and weights), in the order the step's trace meets them.
 
     Args:
         strategy: the model's distribution strategy.
+        slots: the most losses a step can report. Default 8.
     """
 
-    def __init__(self, strategy: tf.distribute.Strategy):
+    def __init__(self, strategy: tf.distribute.Strategy, slots: int = MAX_LOSSES):
         self.replicas = strategy.num_replicas_in_sync
+        self.names = ["loss"]  # the name of each slot in use, filled while tracing
         with strategy.scope():
             self.variable = tf.Variable(
-                tf.zeros((2, self.replicas), tf.float64),
+                tf.zeros((slots, 2, self.replicas), tf.float64),
                 trainable=False,
                 synchronization=tf.VariableSynchronization.ON_READ,
                 aggregation=tf.VariableAggregation.SUM,
@@ -62,11 +69,22 @@ class ReplicaAccumulator:
         self._local = strategy.experimental_local_results(self.variable)
         self.latest = None  # the step output holding every replica's sums
 
-    def add(self, loss_sum, examples):
-        """Adds this replica's batch; returns the output to send out of the step.
+    def slot(self, name: str) -> int:
+        """The slot of the loss `name`, given a new one the first time (while tracing)."""
+        if name not in self.names:
+            if len(self.names) == self.variable.shape[0]:
+                raise ValueError(
+                    f"CrossReplicaLoss records at most {self.variable.shape[0]} losses a "
+                    f"step. Received: a step that reports {self.names + [name]}. Report "
+                    "fewer losses through keras.metrics.Mean, or use "
+                    "CrossReplicaLoss(per_replica=False)."
+                )
+            self.names.append(name)
+        return self.names.index(name)
 
-        Call in replica context.
-        """
+    def add(self, sums: dict):
+        """Adds this replica's `{slot: (sum, count)}`; returns the output to send out of
+        the step. Call in replica context."""
         replica = tf.distribute.get_replica_context().replica_id_in_sync_group
         # MirroredStrategy's replica id is a constant made outside the step's graph; used
         # as a tensor it breaks inside steps_per_execution's while loop. Prefer its value.
@@ -74,9 +92,12 @@ class ReplicaAccumulator:
         replica = static if static is not None else tf.cast(replica, tf.int32)
         mine = tf.equal(tf.range(self.replicas), replica)
         zeros = tf.zeros([self.replicas], tf.float64)  # not one_hot * value: 0 * NaN is NaN
-        updated = self.variable.assign_add(
-            tf.stack([tf.where(mine, loss_sum, zeros), tf.where(mine, examples, zeros)]))
-        # Shape [1, 2, replicas]: Keras averages it element-wise over every replica.
+        rows = [tf.stack([tf.where(mine, sums[slot][0], zeros),
+                          tf.where(mine, sums[slot][1], zeros)]) if slot in sums
+                else tf.zeros([2, self.replicas], tf.float64)
+                for slot in range(self.variable.shape[0])]
+        updated = self.variable.assign_add(tf.stack(rows))
+        # Shape [1, slots, 2, replicas]: Keras averages it element-wise over every replica.
         return tf.expand_dims(tf.convert_to_tensor(updated) * self.replicas, 0)
 
     def reset(self) -> None:
@@ -86,11 +107,13 @@ class ReplicaAccumulator:
             copy.assign(tf.zeros_like(copy))
         self.latest = None
 
-    def read(self) -> tuple[np.ndarray, np.ndarray]:
-        """`(mean loss, real examples)` of each replica since the last reset."""
-        if self.latest is None:
+    def read(self, name: str = "loss") -> tuple[np.ndarray, np.ndarray]:
+        """`(mean value, real examples or weights)` of each replica for the loss `name`
+        since the last reset."""
+        if self.latest is None or name not in self.names:
             return np.full(self.replicas, np.nan), np.zeros(self.replicas)
-        totals, counts = np.asarray(self.latest, np.float64).reshape(2, self.replicas)
+        sums = np.asarray(self.latest, np.float64).reshape(-1, 2, self.replicas)
+        totals, counts = sums[self.names.index(name)]
         with np.errstate(invalid="ignore", divide="ignore"):
             return totals / counts, counts
 
@@ -205,27 +228,44 @@ def _unwrap(model, name) -> bool:
 
 
 def _hooked_step(step, accumulator, before):
-    """`step` that also adds this replica's loss to `accumulator`, after `before` hooks."""
+    """`step` that also adds this replica's losses to `accumulator`, after `before` hooks:
+    those it reports through a `Mean` metric, else `compute_loss`'s."""
 
     def hooked_step(data):
         for hook in before:
             hook()
         previous, _capture.losses = getattr(_capture, "losses", None), []
+        reported = {}
         try:
-            logs = step(data)
+            with reported_losses.observe(
+                    lambda name, value, weight: _add(reported, name, value, weight)):
+                logs = step(data)
             losses = _capture.losses
         finally:
             _capture.losses = previous
-        if not losses:
+        if not losses and not reported:
             raise ValueError(
                 "CrossReplicaLoss could not see the loss of the step: the model's "
-                f"{step.__name__} never called self.compute_loss(...). Received: a "
+                f"{step.__name__} never called self.compute_loss(...) nor added a loss "
+                "to a keras.metrics.Mean. Received: a "
                 f"{step.__name__} that computes its loss another way. Compute the "
-                "loss with self.compute_loss(x, y, y_pred, sample_weight) in the step."
+                "loss with self.compute_loss(x, y, y_pred, sample_weight) or a "
+                "keras.losses.Loss, and report it with a keras.metrics.Mean tracker."
             )
-        return {**logs, _OUTPUT: accumulator.add(*losses[-1])}
+        if losses and "loss" not in reported:
+            reported["loss"] = losses[-1]
+        sums = {accumulator.slot(name): value for name, value in reported.items()}
+        return {**logs, _OUTPUT: accumulator.add(sums)}
 
     return hooked_step
+
+
+def _add(reported: dict, name: str, value, weight) -> None:
+    """Adds a loss a metric `name` reported, `(value x weight, weight)`, to `reported`."""
+    value = tf.cast(value, tf.float64)
+    weight = tf.ones_like(value) * (1.0 if weight is None else tf.cast(weight, tf.float64))
+    total, count = reported.get(name, (0.0, 0.0))
+    reported[name] = (total + tf.reduce_sum(value * weight), count + tf.reduce_sum(weight))
 
 
 def _taking_sums(function, accumulator):

@@ -296,8 +296,69 @@ def test_step_without_compute_loss_is_explained(make_strategy):
         model = HandWrittenLoss()
         model.compile("sgd", "mse")
     y = np.ones((8, 1), "float32")
-    with pytest.raises(ValueError, match=r"never called self\.compute_loss.*Compute the loss"):
+    with pytest.raises(ValueError, match=r"never called self\.compute_loss\(\.\.\.\) nor "
+                       r"added a loss to a keras\.metrics\.Mean.*Compute the loss"):
         model.fit(y, y, batch_size=4, verbose=0, callbacks=[callbacks.CrossReplicaLoss()])
+
+
+class GAN(keras.Model):
+    """keras.io's GAN ("Customizing what happens in fit()"), small: two optimizers, a
+    Loss object, one Mean tracker per loss, no call()."""
+
+    def __init__(self, latent_dim=2):
+        super().__init__()
+        self.latent_dim = latent_dim
+        self.discriminator = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        self.generator = keras.Sequential([keras.Input((latent_dim,)), keras.layers.Dense(3)])
+        self.d_loss_tracker = keras.metrics.Mean(name="d_loss")
+        self.g_loss_tracker = keras.metrics.Mean(name="g_loss")
+
+    @property
+    def metrics(self):
+        return [self.d_loss_tracker, self.g_loss_tracker]
+
+    def compile(self, d_optimizer, g_optimizer, loss_fn):
+        super().compile()
+        self.d_optimizer, self.g_optimizer, self.loss_fn = d_optimizer, g_optimizer, loss_fn
+
+    def train_step(self, real):
+        real = real[0] if isinstance(real, tuple) else real
+        batch = tf.shape(real)[0]
+        noise = tf.random.normal((batch, self.latent_dim))
+        images = tf.concat([self.generator(noise), real], axis=0)
+        labels = tf.concat([tf.ones((batch, 1)), tf.zeros((batch, 1))], axis=0)
+        with tf.GradientTape() as tape:
+            d_loss = self.loss_fn(labels, self.discriminator(images))
+        grads = tape.gradient(d_loss, self.discriminator.trainable_weights)
+        self.d_optimizer.apply_gradients(zip(grads, self.discriminator.trainable_weights))
+        with tf.GradientTape() as tape:
+            fooled = self.discriminator(self.generator(tf.random.normal((batch, 2))))
+            g_loss = self.loss_fn(tf.zeros((batch, 1)), fooled)
+        grads = tape.gradient(g_loss, self.generator.trainable_weights)
+        self.g_optimizer.apply_gradients(zip(grads, self.generator.trainable_weights))
+        self.d_loss_tracker.update_state(d_loss)
+        self.g_loss_tracker.update_state(g_loss)
+        return {"d_loss": self.d_loss_tracker.result(), "g_loss": self.g_loss_tracker.result()}
+
+
+def test_a_gans_losses_are_logged_for_each_replica(make_strategy):
+    with make_strategy(4).scope():
+        gan = GAN()
+        gan.compile(keras.optimizers.Adam(1e-3), keras.optimizers.Adam(1e-3),
+                    keras.losses.BinaryCrossentropy(from_logits=True))
+    # Each replica's real examples differ: its discriminator loss differs.
+    real = np.repeat(np.arange(4, dtype="float32"), 2)[:, None] * np.ones((1, 3), "float32")
+    history = gan.fit(real, batch_size=8, epochs=2, verbose=0,
+                      callbacks=[callbacks.CrossReplicaLoss()]).history
+    for name in ("d_loss", "g_loss"):
+        replicas = np.array([history[f"{name}/replica_{k}"] for k in range(4)])
+        np.testing.assert_allclose(history[f"{name}/mean"], replicas.mean(axis=0), rtol=1e-6)
+        # The tracker reports the mean of the replicas' losses, as one device would (not
+        # a quarter of it: keras-team's scaled loss, see upstream/reported_losses.py).
+        np.testing.assert_allclose(history[name], history[f"{name}/mean"], rtol=1e-5)
+        assert history[f"{name}/max"] >= history[f"{name}/min"]
+    assert len(set(np.array([history[f"d_loss/replica_{k}"][0] for k in range(4)]))) == 4
+    assert 0.3 < history["d_loss"][0] < 3  # about log 2 for an untrained discriminator
 
 
 def test_standalone_evaluate_and_chosen_reductions(make_strategy):
