@@ -1,16 +1,24 @@
 """`convert_sync_batchnorm`: every BatchNormalization of a model synchronized, in one call.
 
-The model is cloned with `keras.models.clone_model(recursive=True)`: each
-`keras.layers.BatchNormalization` (nested models included) becomes an
-`sk.SyncBatchNormalization` with the same configuration, every other layer is rebuilt
-from its config, and then every weight (moving statistics included) is copied exactly
-and every trainable flag restored. `synchronized=False` goes the other way, for export
-to environments without strategykit.
+Where the model's variables belong to the current strategy (the model was built inside
+`strategy.scope()`, as Keras's guides do, or no strategy is in use) the model is
+converted in place: each `keras.layers.BatchNormalization` object, nested models
+included, becomes an `sk.SyncBatchNormalization` (its class is switched; its weights,
+name and trainable flag are its own). Every reference the user holds stays valid, so
+the transfer-learning idiom (`base_model.trainable = True` after training the head)
+works on the converted model. Otherwise (a model built outside the scope it is
+converted in) it is cloned into the scope with `keras.models.clone_model(recursive=True)`,
+every weight copied exactly and every trainable flag restored, and a warning names the
+nested models whose old references no longer reach the converted model.
+`synchronized=False` goes the other way, for export to environments without strategykit.
 """
 
 from __future__ import annotations
 
+import warnings
+
 import keras
+import tensorflow as tf
 
 from strategykit.batchnorm.layer import SyncBatchNormalization
 
@@ -23,18 +31,28 @@ _SUBCLASSED_HINT = (
 
 
 def convert_sync_batchnorm(model: keras.Model, *, synchronized: bool = True) -> keras.Model:
-    """Returns a copy of `model` whose batch norm layers are all synchronized (or not).
+    """Synchronizes every batch norm layer of `model` (or un-synchronizes them).
 
     With `synchronized=True` (the default) every `keras.layers.BatchNormalization`,
     also inside nested Sequential and Functional models, becomes an
     `sk.SyncBatchNormalization` with the same arguments. With `synchronized=False`
     every `sk.SyncBatchNormalization` becomes a plain `keras.layers.BatchNormalization`,
-    e.g. to export a model trained with synchronized batch norm. All other layers are
-    fresh copies. Every weight and moving statistic is copied exactly; layer and model
-    names and trainable flags are kept; a compiled model comes back compiled with the
-    same configuration. The original model is not changed.
+    e.g. to export a model trained with synchronized batch norm.
 
-    Call it inside `strategy.scope()` so that the new variables belong to the strategy.
+    Where every variable of `model` belongs to the current strategy (build the model
+    inside `strategy.scope()`, or use no strategy) the model is converted **in place**
+    and returned: weights, names, trainable flags and compilation are its own, and every
+    reference to its layers stays valid, so that after
+    `model = sk.convert_sync_batchnorm(model)` the fine-tuning step of the transfer
+    learning guide, `base_model.trainable = True`, unfreezes the converted model. Convert
+    before training: the model's traced train, test and predict functions are dropped.
+
+    Otherwise (the model was built outside the strategy scope it is converted in) a
+    converted copy is returned whose variables belong to the current strategy: every
+    weight and moving statistic copied exactly, layer and model names and trainable
+    flags kept, compiled like the original; the original is not changed. Its nested
+    models are new objects, so a `UserWarning` names them: set their trainable flag
+    through the copy, `converted.get_layer(name)`.
 
     Args:
         model: a Sequential or Functional Keras model, e.g. from `keras.applications`.
@@ -42,20 +60,29 @@ def convert_sync_batchnorm(model: keras.Model, *, synchronized: bool = True) -> 
             `BatchNormalization`.
 
     Returns:
-        A new Keras model of the same kind.
+        `model` itself, converted, or where its variables do not belong to the current
+        strategy a converted copy of the same kind.
 
     Raises:
         ValueError: `model` is not a Keras model, is (or contains) a subclassed model
-            whose layers cannot be cloned, or uses batch renormalization (`renorm=True`).
+            whose layers cannot be converted, or uses batch renormalization
+            (`renorm=True`).
 
     Example:
         >>> import keras, strategykit as sk
-        >>> model = keras.Sequential([
-        ...     keras.Input((4,)), keras.layers.Dense(8), keras.layers.BatchNormalization()])
-        >>> synced = sk.convert_sync_batchnorm(model)
-        >>> type(synced.layers[1]).__name__
+        >>> base = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8),
+        ...                          keras.layers.BatchNormalization()], name="base")
+        >>> base.trainable = False
+        >>> inputs = keras.Input((4,))
+        >>> model = keras.Model(inputs, keras.layers.Dense(1)(base(inputs, training=False)))
+        >>> model = sk.convert_sync_batchnorm(model)
+        >>> type(base.layers[1]).__name__
         'SyncBatchNormalization'
-        >>> type(sk.convert_sync_batchnorm(synced, synchronized=False).layers[1]).__name__
+        >>> base.trainable = True  # fine-tuning: the converted model's base unfreezes
+        >>> len(model.trainable_weights)
+        6
+        >>> model = sk.convert_sync_batchnorm(model, synchronized=False)
+        >>> type(base.layers[1]).__name__
         'BatchNormalization'
     """
     if not isinstance(model, keras.Model):
@@ -72,23 +99,58 @@ def convert_sync_batchnorm(model: keras.Model, *, synchronized: bool = True) -> 
             f"convert_sync_batchnorm cannot convert the subclassed model "
             f"{model.name!r} ({type(model).__name__}). {_SUBCLASSED_HINT}"
         )
+    norms = [layer for layer in _graph_layers(model) if _converts(layer, synchronized)]
+    if _belongs_to_current_strategy(model):
+        for layer in norms:
+            _switch_class(layer, synchronized)
+        _drop_traced_functions(model)
+        return model
+    return _converted_copy(model, synchronized)
+
+
+def _converts(layer, synchronized: bool) -> bool:
+    """Whether `layer` is switched; raises for a layer that cannot be."""
+    if synchronized and _is_plain_batch_norm(layer):
+        if getattr(layer, "renorm", False):  # Keras 3.14 and later have renorm
+            raise ValueError(
+                f"Layer {layer.name!r} uses batch renormalization, which "
+                "sk.SyncBatchNormalization does not support. Received: renorm=True. "
+                "Set synchronized=True on that keras.layers.BatchNormalization "
+                "instead, or build it without renorm."
+            )
+        return True
+    return not synchronized and type(layer) is SyncBatchNormalization
+
+
+def _switch_class(layer, synchronized: bool) -> None:
+    """Turns one batch norm layer into the other class, in place (same state: the
+    subclass adds none)."""
+    layer.synchronized = False  # SyncBatchNormalization synchronizes in its own call
+    layer.__class__ = SyncBatchNormalization if synchronized else keras.layers.BatchNormalization
+
+
+def _belongs_to_current_strategy(model) -> bool:
+    strategy = tf.distribute.get_strategy()
+    return all(strategy.extended.variable_created_in_scope(weight.value)
+               for weight in model.weights)
+
+
+def _drop_traced_functions(model) -> None:
+    """Keras traces `fit`, `evaluate` and `predict` once; the next call retraces."""
+    for name in ("train_function", "test_function", "predict_function"):
+        if getattr(model, name, None) is not None:
+            setattr(model, name, None)
+
+
+def _converted_copy(model, synchronized: bool):
+    """A converted clone of `model` in the current strategy's scope, weights copied."""
 
     def clone_layer(layer):
-        if isinstance(layer, keras.Model):  # nested graph models never get here
-            _check_no_batch_norm(layer)
-        if synchronized and _is_plain_batch_norm(layer):
-            if getattr(layer, "renorm", False):  # Keras 3.14 and later have renorm
-                raise ValueError(
-                    f"Layer {layer.name!r} uses batch renormalization, which "
-                    "sk.SyncBatchNormalization does not support. Received: renorm=True. "
-                    "Set synchronized=True on that keras.layers.BatchNormalization "
-                    "instead, or build it without renorm."
-                )
+        if _converts(layer, synchronized):
             config = layer.get_config()
             config.pop("synchronized", None)
-            return SyncBatchNormalization.from_config(config)
-        if not synchronized and isinstance(layer, SyncBatchNormalization):
-            return keras.layers.BatchNormalization.from_config(layer.get_config())
+            target = SyncBatchNormalization if synchronized else keras.layers.BatchNormalization
+            return target.from_config(config)
         return layer.__class__.from_config(layer.get_config())
 
     converted = keras.models.clone_model(
@@ -96,6 +158,17 @@ def convert_sync_batchnorm(model: keras.Model, *, synchronized: bool = True) -> 
     if model.compiled and not converted.compiled:  # Keras 3.8 compiles no Sequential clone
         converted.compile_from_config(model.get_compile_config())
     _copy_state(model, converted)
+    nested = [layer.name for layer in model.layers if isinstance(layer, keras.Model)]
+    if nested:
+        warnings.warn(
+            f"convert_sync_batchnorm returned a converted copy of model {model.name!r}: "
+            f"its variables were created outside the current strategy's scope "
+            f"({type(tf.distribute.get_strategy()).__name__}). Its nested models "
+            f"{nested} are new objects in the copy, so a reference to the original (e.g. "
+            f"base_model.trainable = True when fine-tuning) changes nothing in it. Use "
+            f"converted.get_layer({nested[0]!r}), or build the model inside "
+            "strategy.scope() to convert it in place.",
+            UserWarning, stacklevel=3)
     return converted
 
 
@@ -120,6 +193,18 @@ def _named_inputs(model):
 
 def _is_plain_batch_norm(layer) -> bool:
     return type(layer) is keras.layers.BatchNormalization
+
+
+def _graph_layers(model):
+    """Every layer of a graph model, nested graph models included; raises for a nested
+    subclassed model that holds batch norm layers."""
+    for layer in model.layers:
+        yield layer
+        if isinstance(layer, keras.Model):
+            if _is_graph_model(layer):
+                yield from _graph_layers(layer)
+            else:
+                _check_no_batch_norm(layer)
 
 
 def _check_no_batch_norm(model: keras.Model) -> None:

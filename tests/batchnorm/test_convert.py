@@ -1,5 +1,6 @@
 """convert_sync_batchnorm: every BatchNormalization synchronized, every weight kept exactly."""
 
+import contextlib
 import functools
 import inspect
 
@@ -39,11 +40,11 @@ def nested_model():
     inner_sequential = keras.Sequential(
         [keras.Input((6,)), keras.layers.Dense(5, name="d1"),
          keras.layers.BatchNormalization(name="bn_seq")], name="inner_seq")
-    inner_inputs = keras.Input((5,))
+    inner_inputs = keras.Input((5,), name="inner_x")
     inner_functional = keras.Model(
         inner_inputs, keras.layers.BatchNormalization(name="bn_fun")(
             keras.layers.Dense(5, name="d2")(inner_inputs)), name="inner_fun")
-    inputs = keras.Input((6,))
+    inputs = keras.Input((6,), name="x")
     x = inner_functional(inner_sequential(inputs))
     outputs = keras.layers.BatchNormalization(name="bn_top")(x)
     model = keras.Model(inputs, outputs, name="outer")
@@ -56,18 +57,33 @@ def test_sequential_model():
     model = randomize(keras.Sequential(
         [keras.Input((4,)), keras.layers.Dense(3, name="dense"),
          keras.layers.BatchNormalization(momentum=0.9, epsilon=1e-4, name="bn")], name="seq"))
+    weights = model.get_weights()
+    layer = model.get_layer("bn")
     converted = sk.convert_sync_batchnorm(model)
-    assert isinstance(converted, keras.Sequential) and converted.name == "seq"
-    layer = converted.get_layer("bn")
-    assert type(layer) is sk.SyncBatchNormalization
-    assert (layer.momentum, layer.epsilon) == (0.9, 1e-4)
-    assert_same_weights(model, converted)
-    assert type(model.get_layer("bn")) is keras.layers.BatchNormalization  # unchanged
+    assert converted is model  # its variables belong to the current (default) strategy
+    assert model.get_layer("bn") is layer and type(layer) is sk.SyncBatchNormalization
+    assert (layer.momentum, layer.epsilon, layer.name) == (0.9, 1e-4, "bn")
+    for value, weight in zip(weights, model.weights):
+        np.testing.assert_array_equal(np.asarray(weight), value)
 
 
-def test_nested_functional_and_sequential_models_keep_names_and_trainable_flags():
-    model = nested_model()
-    converted = sk.convert_sync_batchnorm(model)
+def convert_a_copy(model, strategy):
+    """The converted copy of a model built outside `strategy`'s scope, converted in it."""
+    nested = any(isinstance(layer, keras.Model) for layer in model.layers)
+    warns = pytest.warns(UserWarning, match="converted copy") if nested else (
+        contextlib.nullcontext())
+    with strategy.scope(), warns:
+        return sk.convert_sync_batchnorm(model)
+
+
+@pytest.mark.parametrize("in_place", [True, False], ids=["in place", "copy"])
+def test_nested_functional_and_sequential_models_keep_names_and_trainable_flags(
+        in_place, make_strategy):
+    model, reference = nested_model(), nested_model()
+    converted = (sk.convert_sync_batchnorm(model) if in_place
+                 else convert_a_copy(model, make_strategy(1)))
+    assert (converted is model) is in_place
+    model = reference
     assert {name: type(layer) for name, layer in batch_norms(converted).items()} == {
         "bn_seq": sk.SyncBatchNormalization, "bn_fun": sk.SyncBatchNormalization,
         "bn_top": sk.SyncBatchNormalization}
@@ -104,8 +120,7 @@ def test_compiled_model_stays_compiled():
 def test_inside_a_strategy_scope_the_variables_belong_to_it(make_strategy):
     strategy = make_strategy(2)
     model = nested_model()
-    with strategy.scope():
-        converted = sk.convert_sync_batchnorm(model)
+    converted = convert_a_copy(model, strategy)
     assert all(strategy.extended.variable_created_in_scope(w.value) for w in converted.weights)
     assert_same_weights(model, converted)
     x = np.random.default_rng(2).normal(size=(8, 6)).astype("float32")
@@ -193,10 +208,71 @@ def test_rejects_a_non_boolean_synchronized():
         sk.convert_sync_batchnorm(model, synchronized="yes")
 
 
-def test_sequential_built_by_calling_it():
+def test_sequential_built_by_calling_it(make_strategy):
     model = keras.Sequential([keras.layers.Dense(3), keras.layers.BatchNormalization()])
     model(np.ones((2, 4), "float32"))  # built without an Input
     randomize(model)
-    converted = sk.convert_sync_batchnorm(model)
+    converted = convert_a_copy(model, make_strategy(1))
     assert type(converted.layers[-1]) is sk.SyncBatchNormalization
     assert_same_weights(model, converted)
+
+
+def fine_tuning_model():
+    """keras.io's transfer-learning model in small: a frozen Functional base with batch
+    norm, called with training=False, under a Dense head. Returns (base, model)."""
+    keras.utils.set_random_seed(0)
+    base_inputs = keras.Input((3,))
+    base = keras.Model(base_inputs, keras.layers.BatchNormalization(name="base_bn")(
+        keras.layers.Dense(4, name="base_dense")(base_inputs)), name="base")
+    base.trainable = False
+    inputs = keras.Input((3,))
+    outputs = keras.layers.Dense(1, name="head")(base(inputs, training=False))
+    return base, keras.Model(inputs, outputs, name="classifier")
+
+
+def test_fine_tuning_after_conversion_trains_the_base_like_one_device(make_strategy):
+    # The guide's idiom: freeze the base, convert, train; then base.trainable = True,
+    # recompile and fine-tune. Converted by a copy, base_model.trainable = True changed
+    # the old model only: the converted one trained its head alone.
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(16, 3)).astype("float32")
+    y = rng.normal(size=(16, 1)).astype("float32")
+    reference_base, reference = fine_tuning_model()
+    reference_base.trainable = True
+    reference.compile(keras.optimizers.SGD(0.1), "mse")
+    reference.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+
+    strategy = make_strategy(4)
+    with strategy.scope():
+        base, model = fine_tuning_model()
+        model = sk.convert_sync_batchnorm(model)
+        model.compile(keras.optimizers.SGD(0.1), "mse")
+    assert [w.path for w in model.trainable_weights] == ["head/kernel", "head/bias"]
+    frozen = base.get_weights()
+    base.trainable = True
+    with strategy.scope():
+        model.compile(keras.optimizers.SGD(0.1), "mse")
+    assert [w.path for w in model.trainable_weights] == [
+        w.path for w in reference.trainable_weights]
+    assert len(model.trainable_weights) == 6
+    model.fit(sk.shard((x, y), strategy, global_batch_size=8), epochs=1, verbose=0)
+    trained = dict(zip([w.path for w in base.weights], base.get_weights()))
+    for path, before in zip(trained, frozen):  # the outer training=True reaches the base
+        if path != "base_dense/bias":  # (Keras 3): its bias is normalized away
+            assert np.abs(trained[path] - before).max() > 1e-3, path
+    for weight, expected in zip(model.weights, reference.weights):
+        np.testing.assert_allclose(np.asarray(weight), np.asarray(expected), atol=1e-5,
+                                   err_msg=weight.path)
+
+
+def test_a_copy_names_the_nested_models_whose_references_are_stale(make_strategy):
+    base, model = fine_tuning_model()  # outside the scope: it cannot convert in place
+    with make_strategy(2).scope(), pytest.warns(
+            UserWarning, match=r"converted copy of model 'classifier'.*outside the current "
+                               r"strategy's scope.*nested models \['base'\].*base_model."
+                               r"trainable = True.*converted.get_layer\('base'\).*inside "
+                               r"strategy.scope\(\) to convert it in place"):
+        converted = sk.convert_sync_batchnorm(model)
+    assert converted is not model
+    assert type(converted.get_layer("base").get_layer("base_bn")) is sk.SyncBatchNormalization
+    assert type(base.get_layer("base_bn")) is keras.layers.BatchNormalization  # unchanged
