@@ -12,14 +12,17 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from strategykit.equivalence import feeds, randomness
 from strategykit.equivalence import metric_differences as metrics
 from strategykit.equivalence import weight_differences as differ
+from strategykit.equivalence.arguments import check_arguments, check_options
 from strategykit.equivalence.precision import (
-    DTYPES,
     cast_floats,
-    global_dtype_policy,
+    cast_regularizers,
+    global_dtype,
     other_dtype_layers,
 )
+from strategykit.equivalence.quiet import float64_quieted
 from strategykit.equivalence.report import CheckReport
 from strategykit.strategy.build import mirrored
 
@@ -42,10 +45,19 @@ def check(
 
     Both runs start from the same weights (the 1-device model's initial weights are
     copied into the distributed one) and see the same global batches in the same order,
-    unshuffled. The model must be deterministic (no dropout or random augmentation).
-    When their weights agree, both then evaluate the examples of the steps and half a
-    global batch more (a partial final batch; N replicas on `sk.shard` data), and every
-    value `evaluate()` returns, the loss and each compiled metric, must agree too.
+    unshuffled, fed as `fit()` is fed: one device the arrays in batches of
+    `global_batch_size`, N replicas `sk.shard` data of them, sample weights included.
+    When their weights agree, every value `fit()` reported must agree too (the loss and
+    each metric, or what a custom `train_step` returns: a loss reported as 1/N of one
+    device's is named as such), and both then evaluate the examples of the steps and
+    half a global batch more (a partial final batch, padded on N replicas), and every
+    value `evaluate()` returns, the loss and each compiled metric, must agree as well.
+
+    **Random layers** (Dropout, GaussianNoise, the `Random*` augmentation layers: any
+    layer holding a `keras.random.SeedGenerator`, in nested models and layers too) draw
+    other numbers on N replicas than on one device, so both runs compute them as in
+    inference (Dropout passes its inputs through); `CheckReport.random_layers` and the
+    printed report name them. The rest of the model must be deterministic.
 
     **Why float64 by default.** A correct distributed run sums the same numbers in
     another order, so in float32 its weights differ from one device's by rounding, and
@@ -58,11 +70,14 @@ def check(
     of 1e-7: the correct run agrees within 1e-9 (2e-11 on that net) and the wrong one
     still differs by 0.06, so the default absolute tolerance of 1e-5 separates them by
     about four orders of magnitude on each side. So both models are built and trained
-    under the global dtype policy `"float64"` and floating-point data is cast to
-    float64; the user's policy (`mixed_float16` too) is restored afterwards, also when
-    the check raises. It costs time (float64 is slower, and much slower on GPUs), not
-    correctness: the check is about the distribution arithmetic, not about the
-    precision used in production.
+    under the global dtype policy `"float64"` with Keras's `floatx` set alike (so the
+    compiled loss and the regularization terms are float64 too), and floating-point
+    data is cast to float64; the user's policy (`mixed_float16` too) and `floatx` are
+    restored afterwards, also when the check raises. TensorFlow's grappler remapper,
+    which logs a `Not handling type DT_DOUBLE` line for every float64 op it could fuse,
+    is off during a float64 check (`strategykit.equivalence.quiet`). It costs time
+    (float64 is slower, and much slower on GPUs), not correctness: the check is about
+    the distribution arithmetic, not about the precision used in production.
 
     Layers that pin their own dtype (`dtype="float32"`, a per-layer mixed policy, or
     every layer of a model loaded from a file or cloned from a model built *outside*
@@ -77,13 +92,15 @@ def check(
         model_fn: a function without arguments returning a compiled Keras model. It is
             called twice: once outside any strategy, once inside the N-replica scope,
             both times under the dtype policy `dtype`.
-        data: `(x, y)` numpy arrays (or dicts of arrays for named inputs).
+        data: `(x, y)` or `(x, y, sample_weight)` numpy arrays (x a dict or list of
+            arrays for several inputs).
         replicas: replicas of the distributed run. Default 2.
         global_batch_size: examples per step of the distributed run over all replicas.
             Default: `4 * replicas`. Must be a multiple of `replicas`.
         steps: weight updates to compare. Default 3.
-        tolerance: largest absolute weight difference accepted, and largest metric
-            difference (relative for a metric larger than 1). Default 1e-5.
+        tolerance: largest absolute weight difference accepted, and largest difference
+            of a value `fit()` or `evaluate()` reported (relative for a value larger
+            than 1). Default 1e-5.
         strategy: the N-replica strategy to use. Default: `sk.mirrored(replicas=replicas)`.
         dtype: `"float64"` (default) to build and train both models in float64,
             `"float32"` for float32, or None to keep the user's global dtype policy.
@@ -101,15 +118,18 @@ def check(
             (keras-team/keras#20582, fixed in `strategykit.upstream`).
 
     Returns:
-        A `CheckReport`; true when the weights and the metrics agree, and printable.
-        `first_differing_metric` names the first metric that differs. When it failed,
+        A `CheckReport`; true when the weights, what `fit()` reported and the metrics
+        agree, and printable. `first_differing_log` names the first value `fit()`
+        reported that differs, `first_differing_metric` the first metric `evaluate()`
+        returned that differs. When the weights differ,
         `first_differing_layer` says where the difference starts: the first layer in
         forward order whose weights differ beyond `tolerance` after the first update,
         its forward state (moving statistics) looked at before its trainable weights,
         which backpropagation makes differ in every layer before a faulty one.
 
     Raises:
-        ValueError: an invalid `dtype` or `gradient_accumulation_steps`,
+        ValueError: `data` not `(x, y)` or `(x, y, sample_weight)`, an invalid `dtype`
+            or `gradient_accumulation_steps`,
             `global_batch_size` not a multiple of `replicas`, data holding fewer than
             `steps` updates' worth of examples, `model_fn` returning an uncompiled
             model or one whose weights mix `dtype` and another dtype, or with K > 1
@@ -130,26 +150,29 @@ def check(
         >>> report = sk.check(model_fn, (x, x.sum(1)), replicas=2,  # doctest: +SKIP
         ...                   gradient_accumulation_steps=2)
     """
-    _check_options(dtype, gradient_accumulation_steps)
+    check_options(dtype, gradient_accumulation_steps)
     strategy = strategy or mirrored(replicas=replicas)
     replicas = strategy.num_replicas_in_sync
     global_batch_size = global_batch_size or 4 * replicas
     accumulation = gradient_accumulation_steps
-    _check_arguments(data, replicas, global_batch_size, steps, accumulation)
+    check_arguments(data, replicas, global_batch_size, steps, accumulation)
     data = cast_floats(data, dtype)
-    micro_batches = tf.data.Dataset.from_tensor_slices(data).batch(global_batch_size).take(
-        steps * accumulation)
+    trained = feeds.head(data, steps * accumulation * global_batch_size)
 
-    with global_dtype_policy(dtype):
-        single = _accumulating(_compiled(model_fn), accumulation)
+    with global_dtype(dtype), float64_quieted(dtype):
+        single = _prepared(model_fn, accumulation, dtype)
+        random_layers = randomness.switch_off(single)
         other_dtypes = other_dtype_layers(single, dtype)
         initial_weights = single.get_weights()
-        single_loss, single_first = _train(single, micro_batches, first_update=accumulation)
+        single_logs, single_first = _train(
+            single, feeds.one_device(trained, global_batch_size), first_update=accumulation)
         with strategy.scope():
-            distributed = _accumulating(_compiled(model_fn), accumulation)
+            distributed = _prepared(model_fn, accumulation, dtype)
+        randomness.switch_off(distributed)
         distributed.set_weights(initial_weights)
-        distributed_loss, distributed_first = _train(distributed, micro_batches,
-                                                     first_update=accumulation)
+        distributed_logs, distributed_first = _train(
+            distributed, feeds.replicas(trained, strategy, global_batch_size),
+            first_update=accumulation)
         final = differ.largest(differ.values(single), differ.values(distributed))
         single_metrics, distributed_metrics = {}, {}
         if differ.agree(final, tolerance):  # else the metrics differ as the weights do
@@ -169,8 +192,8 @@ def check(
         steps=steps,
         tolerance=tolerance,
         differences={w.path: difference for w, difference in zip(single.weights, final)},
-        single_device_loss=single_loss,
-        distributed_loss=distributed_loss,
+        single_device_loss=single_logs.get("loss"),
+        distributed_loss=distributed_logs.get("loss"),
         dtype=dtype,
         gradient_accumulation_steps=accumulation,
         layer_differences=differ.by_layer(single, final),
@@ -179,14 +202,18 @@ def check(
         other_dtype_layers=other_dtypes,
         single_device_metrics=single_metrics,
         distributed_metrics=distributed_metrics,
+        single_device_logs=single_logs,
+        distributed_logs=distributed_logs,
+        random_layers=random_layers,
     )
 
 
-def _train(model: keras.Model, batches: tf.data.Dataset, first_update: int):
-    """One pass over `batches`, in order.
+def _train(model: keras.Model, feed: dict, first_update: int):
+    """One pass over the batches of `feed` (arguments of `fit()`), in order.
 
     Returns:
-        The last reported loss, and the weights after the first `first_update` batches.
+        What `fit()` reported (its History's values, by name), and the weights after the
+        first `first_update` batches.
     """
     after_first_update = []
 
@@ -194,9 +221,16 @@ def _train(model: keras.Model, batches: tf.data.Dataset, first_update: int):
         if batch == first_update - 1:
             after_first_update.extend(differ.values(model))
 
-    history = model.fit(batches, epochs=1, verbose=0, shuffle=False, callbacks=[
+    history = model.fit(**feed, epochs=1, verbose=0, shuffle=False, callbacks=[
         keras.callbacks.LambdaCallback(on_train_batch_end=snapshot)])
-    return history.history["loss"][-1], after_first_update
+    return metrics.floats(history.history), after_first_update
+
+
+def _prepared(model_fn, accumulation: int, dtype: str | None) -> keras.Model:
+    """`model_fn()`, checked, its optimizer accumulating, its regularizers in `dtype`."""
+    model = _accumulating(_compiled(model_fn), accumulation)
+    cast_regularizers(model, dtype)
+    return model
 
 
 def _compiled(model_fn) -> keras.Model:
@@ -222,21 +256,6 @@ def _accumulating(model: keras.Model, steps: int) -> keras.Model:
     return model
 
 
-def _check_options(dtype, accumulation) -> None:
-    if not (dtype is None or isinstance(dtype, str)) or dtype not in DTYPES:
-        raise ValueError(
-            f"dtype must be one of {DTYPES}. Received: dtype={dtype!r}. Use \"float64\" "
-            "(default) for a verdict free of float32 rounding, \"float32\", or None to "
-            "keep your global dtype policy."
-        )
-    if isinstance(accumulation, bool) or not isinstance(accumulation, int) or accumulation < 1:
-        raise ValueError(
-            f"gradient_accumulation_steps must be an int >= 1. Received: "
-            f"gradient_accumulation_steps={accumulation!r}. Pass 1 (no accumulation) or "
-            "the number of micro-steps per weight update, e.g. 4."
-        )
-
-
 def _check_optimizer(optimizer, accumulation: int) -> None:
     if accumulation == 1:
         return
@@ -253,25 +272,4 @@ def _check_optimizer(optimizer, accumulation: int) -> None:
             f"steps={optimizer.gradient_accumulation_steps}), and sk.check sets its own "
             f"on both runs. Received: gradient_accumulation_steps={accumulation}. Build the "
             "optimizer without gradient_accumulation_steps and pass it to sk.check."
-        )
-
-
-def _check_arguments(data, replicas, global_batch_size, steps, accumulation) -> None:
-    if global_batch_size % replicas:
-        raise ValueError(
-            f"global_batch_size={global_batch_size} does not divide evenly over {replicas} "
-            f"replicas. Received: global_batch_size={global_batch_size}. Use a multiple "
-            f"of {replicas}."
-        )
-    examples = len(tf.nest.flatten(data)[0])
-    if examples < steps * accumulation * global_batch_size:
-        names, values = "steps x global_batch_size", f"{steps} x {global_batch_size}"
-        if accumulation > 1:
-            names = "steps x gradient_accumulation_steps x global_batch_size"
-            values = f"{steps} x {accumulation} x {global_batch_size}"
-        raise ValueError(
-            f"The data holds {examples} examples, fewer than {names} = {values}. Received: "
-            f"steps={steps}, global_batch_size={global_batch_size}, "
-            f"gradient_accumulation_steps={accumulation}. Pass more data, fewer steps or "
-            "a smaller batch."
         )

@@ -1,11 +1,16 @@
-"""The compiled metrics of the two runs of `check()`, evaluated after their steps.
+"""Every number the two runs of `check()` report: `fit()`'s and `evaluate()`'s.
 
-Equal weights are not the whole story: the numbers Keras reports must agree too. After
-both runs, each model evaluates the examples of the steps and half a global batch more
-(so that, as at the end of most data, the final batch is partial: padded under N
-replicas), one device in batches of the global batch size, N replicas on `sk.shard`
-data, and every value `evaluate()` returns (the loss, each metric) is compared. Not all
-of the data: a check on a large dataset stays as quick as its steps.
+Equal weights are not the whole story: the numbers Keras reports must agree too. Those
+`fit()` returned after the steps (its History: the loss and each metric, or whatever a
+custom `train_step` returns) are compared, and then each model evaluates the examples of
+the steps and half a global batch more (so that, as at the end of most data, the final
+batch is partial: padded under N replicas), fed as `fit()` was, and every value
+`evaluate()` returns is compared too. Not all of the data: a check on a large dataset
+stays as quick as its steps.
+
+A step that reports a loss scaled for distribution (divided by the replicas, as
+`tf.nn.compute_average_loss` does for the gradients) reports 1/N of one device's on N
+replicas, however right its gradients: found here and named as such.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from strategykit.data.sharding import shard
+from strategykit.equivalence import feeds
 
 
 def evaluation_examples(data, trained: int, global_batch_size: int):
@@ -25,19 +30,17 @@ def evaluation_examples(data, trained: int, global_batch_size: int):
         >>> len(x), len(y)
         (29, 29)
     """
-    count = trained + global_batch_size // 2 + 1
-    return tf.nest.map_structure(lambda array: array[:count], data)
+    return feeds.head(data, trained + global_batch_size // 2 + 1)
 
 
 def evaluate_both(single: keras.Model, distributed: keras.Model, data, *,
                   strategy: tf.distribute.Strategy, global_batch_size: int):
     """`(one device's, N replicas')` `evaluate()` values on `data`, by name."""
-    x, y = data
-    expected = single.evaluate(x, y, batch_size=global_batch_size, verbose=0,
+    expected = single.evaluate(**feeds.one_device(data, global_batch_size), verbose=0,
                                return_dict=True)
-    sharded = shard((x, y), strategy, global_batch_size=global_batch_size)
-    return _floats(expected), _floats(distributed.evaluate(sharded, verbose=0,
-                                                           return_dict=True))
+    found = distributed.evaluate(**feeds.replicas(data, strategy, global_batch_size),
+                                 verbose=0, return_dict=True)
+    return floats(expected), floats(found)
 
 
 def differences(single: dict, distributed: dict) -> dict:
@@ -54,5 +57,18 @@ def first_differing(single: dict, metric_differences: dict, tolerance: float) ->
     return None
 
 
-def _floats(values: dict) -> dict:
-    return {name: float(value) for name, value in values.items()}
+def scaled_for_distribution(single: float, distributed: float, replicas: int) -> bool:
+    """Whether `distributed` is 1/`replicas` of `single` (to 0.1%), as a loss divided by
+    the replicas and reported is.
+
+    Example:
+        >>> scaled_for_distribution(1.32, 0.33, 4), scaled_for_distribution(1.32, 1.32, 4)
+        (True, False)
+    """
+    return replicas > 1 and single != 0 and abs(distributed * replicas / single - 1) < 1e-3
+
+
+def floats(values: dict) -> dict:
+    """`values` as Python floats (a History's: the last of each list)."""
+    return {name: float(value[-1] if isinstance(value, list) else value)
+            for name, value in values.items()}

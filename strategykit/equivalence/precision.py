@@ -1,9 +1,15 @@
 """The precision of `sk.check`: both runs in float64, the user's dtype policy restored.
 
 `check` builds and trains both models under the global dtype policy it is given
-(`"float64"` by default), casts floating-point data to it, and restores the user's policy
-afterwards, also when it raises. Layers that pin their own dtype keep it; they are found
-here and reported.
+(`"float64"` by default) and with Keras's `floatx` set alike, casts floating-point data to
+it, and restores the user's settings afterwards, also when it raises. Layers that pin
+their own dtype keep it; they are found here and reported.
+
+Why `floatx` too: the dtype policy decides the layers' dtype, `floatx` that of the
+compiled loss (a `keras.losses.Loss` takes `floatx` when built without a dtype) and of
+what Keras adds to it: a float32 loss next to float64 regularization terms fails in
+`compute_loss` (`TypeError: Cannot convert a list containing a tensor of dtype float64
+to float32`, Keras 3.8 to 3.15), and a float32 loss would round every gradient to float32.
 """
 
 from __future__ import annotations
@@ -22,17 +28,29 @@ DTYPES = ("float64", "float32", None)
 
 
 @contextlib.contextmanager
-def global_dtype_policy(dtype: str | None):
-    """Sets Keras's global dtype policy to `dtype` inside; restores it afterwards."""
+def global_dtype(dtype: str | None):
+    """Sets Keras's global dtype policy and `floatx` to `dtype` inside; restores both
+    afterwards. Nothing changes for None.
+
+    Example:
+        >>> import keras
+        >>> with global_dtype("float64"):
+        ...     keras.losses.MeanSquaredError().dtype, keras.layers.Dense(1).dtype
+        ('float64', 'float64')
+        >>> keras.config.floatx()
+        'float32'
+    """
     if dtype is None:
         yield
         return
-    previous = keras.config.dtype_policy()
+    previous_policy, previous_floatx = keras.config.dtype_policy(), keras.config.floatx()
     keras.config.set_dtype_policy(dtype)
+    keras.config.set_floatx(dtype)
     try:
         yield
     finally:
-        keras.config.set_dtype_policy(previous)
+        keras.config.set_floatx(previous_floatx)
+        keras.config.set_dtype_policy(previous_policy)
 
 
 def cast_floats(data, dtype: str | None):
@@ -45,6 +63,35 @@ def cast_floats(data, dtype: str | None):
         return array.astype(dtype) if np.issubdtype(array.dtype, np.floating) else array
 
     return tf.nest.map_structure(cast, data)
+
+
+def cast_regularizers(model: keras.Model, dtype: str | None) -> None:
+    """Casts the floating-point tensors the regularizers of `model` hold to `dtype`.
+
+    Keras's `L1` and `OrthogonalRegularizer` hold their factor as a float32 tensor
+    whatever `floatx` (`ops.convert_to_tensor(l1)`), and before Keras 3.14 multiply it
+    by the weights or activations as it is: `TypeError: Input 'y' of 'Mul' Op has type float64 that
+    does not match type float32` in a float64 check (Keras 3.8 to 3.13). Weight
+    regularizers (`variable.regularizer`) and activity regularizers, of nested layers
+    too, are changed in place on these models only; nothing changes for None.
+
+    Example:
+        >>> import keras
+        >>> dense = keras.layers.Dense(1, activity_regularizer=keras.regularizers.L1(0.1))
+        >>> model = keras.Sequential([keras.Input((2,)), dense])
+        >>> cast_regularizers(model, "float64")
+        >>> keras.backend.standardize_dtype(dense.activity_regularizer.l1.dtype)
+        'float64'
+    """
+    if dtype is None:
+        return
+    found = [weight.regularizer for weight in model.weights]
+    found += [getattr(layer, "activity_regularizer", None)
+              for _, layer in differ.every_layer(model)]
+    for regularizer in {id(r): r for r in found if r is not None}.values():
+        for name, value in vars(regularizer).items():
+            if tf.is_tensor(value) and value.dtype.is_floating and value.dtype != dtype:
+                setattr(regularizer, name, tf.cast(value, dtype))
 
 
 def other_dtype_layers(model: keras.Model, dtype: str | None) -> dict:

@@ -27,8 +27,9 @@ class CheckReport:
         steps: weight updates made by each run.
         tolerance: largest absolute weight difference accepted.
         differences: largest absolute difference per weight, by weight path.
-        single_device_loss: the 1-device run's last reported loss.
-        distributed_loss: the N-replica run's last reported loss.
+        single_device_loss: the loss `fit()` reported on 1 device after the steps
+            (None when the step reports none under that name).
+        distributed_loss: the loss `fit()` reported on N replicas after the steps.
         dtype: the dtype policy both models were built under (`"float64"`, `"float32"`),
             or None when the user's own policy was kept.
         gradient_accumulation_steps: micro-steps per update, of both runs.
@@ -51,6 +52,12 @@ class CheckReport:
             steps (the loss and each compiled metric), on the examples of the steps and
             half a global batch more; empty when the weights differ (the metrics then
             differ for that reason: they are not compared).
+        single_device_logs, distributed_logs: every value `fit()` reported after the
+            steps (its History: the loss and each metric, or what a custom `train_step`
+            returns), by name; compared when the weights agree.
+        random_layers: the layers whose randomness was switched off on both sides (run
+            as in inference: Dropout and noise pass their inputs through), by name
+            (nested ones `"outer/inner"`), with their class name.
     """
 
     replicas: int
@@ -58,8 +65,8 @@ class CheckReport:
     steps: int
     tolerance: float
     differences: dict
-    single_device_loss: float
-    distributed_loss: float
+    single_device_loss: float | None
+    distributed_loss: float | None
     dtype: str | None = None
     gradient_accumulation_steps: int = 1
     layer_differences: dict = dataclasses.field(default_factory=dict)
@@ -68,6 +75,9 @@ class CheckReport:
     other_dtype_layers: dict = dataclasses.field(default_factory=dict)
     single_device_metrics: dict = dataclasses.field(default_factory=dict)
     distributed_metrics: dict = dataclasses.field(default_factory=dict)
+    single_device_logs: dict = dataclasses.field(default_factory=dict)
+    distributed_logs: dict = dataclasses.field(default_factory=dict)
+    random_layers: dict = dataclasses.field(default_factory=dict)
 
     @property
     def max_difference(self) -> float:
@@ -97,9 +107,21 @@ class CheckReport:
                                        self.tolerance)
 
     @property
+    def first_differing_log(self) -> str | None:
+        """The first value `fit()` reported, in Keras's order, differing by more than
+        `tolerance` (relative above 1); None when all agree or the weights differ (the
+        values then differ for that reason: not compared)."""
+        if not self.weights_agree:
+            return None
+        logs = metrics.differences(self.single_device_logs, self.distributed_logs)
+        return metrics.first_differing(self.single_device_logs, logs, self.tolerance)
+
+    @property
     def passed(self) -> bool:
-        """Whether every weight and every metric agree within `tolerance`."""
-        return self.weights_agree and self.first_differing_metric is None
+        """Whether every weight, every value `fit()` reported and every metric
+        `evaluate()` returned agree within `tolerance`."""
+        return (self.weights_agree and self.first_differing_log is None
+                and self.first_differing_metric is None)
 
     def __bool__(self) -> bool:
         return self.passed
@@ -120,17 +142,34 @@ class CheckReport:
         if self.first_differing_layer is not None:
             lines.append(f"  differences start at layer {self.first_differing_layer}: "
                          f"{_STAGES[self.first_difference_stage]}")
-        lines.append(f"  last loss: 1 device {self.single_device_loss:.6g}, "
-                     f"{self.replicas} replicas {self.distributed_loss:.6g}")
+        lines.append(f"  last loss: 1 device {_number(self.single_device_loss)}, "
+                     f"{self.replicas} replicas {_number(self.distributed_loss)}")
+        if self.first_differing_log is not None:
+            lines.append(self._log_line())
         lines.append(self._metrics_line())
+        if self.random_layers:
+            lines.append(randomness_text(self.random_layers))
         if self.other_dtype_layers:
             lines.append(f"  note: {other_dtypes_text(self.other_dtype_layers, self.dtype)}")
         if not self.weights_agree:
             lines.append(
                 "  Look for loss scaled by the per-replica batch, unsynchronized "
-                "BatchNormalization (sk.convert_sync_batchnorm), or randomness in the model."
+                "BatchNormalization (sk.convert_sync_batchnorm), or randomness outside "
+                "the layers sk.check switches off (random ops without a layer's "
+                "keras.random.SeedGenerator)."
             )
         return "\n".join(lines)
+
+    def _log_line(self) -> str:
+        name = self.first_differing_log
+        single, found = self.single_device_logs[name], self.distributed_logs[name]
+        line = (f"  first value fit() reported that differs: {name}: 1 device "
+                f"{single:.6g}, {self.replicas} replicas {found:.6g}")
+        if metrics.scaled_for_distribution(single, found, self.replicas):
+            return line + "\n" + scaled_for_distribution_text(name, self.replicas)
+        return line + (" (a value the step computes on its replica's slice and returns "
+                       "without combining it across replicas? Report it through a "
+                       "keras.metrics object, or combine it with sk.reduce)")
 
     def _metrics_line(self) -> str:
         if not self.weights_agree:
@@ -139,7 +178,34 @@ class CheckReport:
         if name is None:
             agreed = ", ".join(self.single_device_metrics) or "none"
             return f"  metrics evaluated after the steps agree: {agreed}"
+        cause = ("the weights agree: a term add_loss or an activity regularizer adds to the "
+                 "loss, computed on each replica's slice and a padded batch's copies?"
+                 if name == "loss" else
+                 "a custom metric whose state is not a sum? see sk.combine_across_replicas")
         return (f"  first metric that differs: {name}: 1 device "
                 f"{self.single_device_metrics[name]:.6g}, {self.replicas} replicas "
-                f"{self.distributed_metrics[name]:.6g} (a custom metric whose state is not "
-                "a sum? see sk.combine_across_replicas)")
+                f"{self.distributed_metrics[name]:.6g} ({cause})")
+
+
+def scaled_for_distribution_text(name: str, replicas: int) -> str:
+    """Why a value `fit()` reports is 1/`replicas` of one device's, and the fix."""
+    return (
+        f"  {name} on {replicas} replicas is 1/{replicas} of one device's: the train_step "
+        f"reports a loss scaled for distribution (divided by the {replicas} replicas, as "
+        "tf.nn.compute_average_loss or / num_replicas_in_sync does for the gradients), and "
+        "fit() averages what the replicas report. Report the unscaled loss: update the "
+        "tracker with the loss times tf.distribute.get_strategy().num_replicas_in_sync "
+        "(or the value before scaling), and keep the scaled one for the gradients."
+    )
+
+
+def randomness_text(layers: dict) -> str:
+    """The line naming the layers whose randomness sk.check switched off."""
+    shown = ", ".join(f"{name} ({kind})" for name, kind in layers.items())
+    return (f"  randomness off in {len(layers)} layer{'s' if len(layers) != 1 else ''}: "
+            f"{shown}; both runs computed them as in inference, so their random draws "
+            "were not compared")
+
+
+def _number(value) -> str:
+    return "none" if value is None else f"{value:.6g}"

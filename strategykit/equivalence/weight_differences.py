@@ -41,6 +41,25 @@ def flat_layers(model: keras.Model, prefix: str = ""):
             yield f"{prefix}{layer.name}", layer
 
 
+def every_layer(model: keras.Model):
+    """`(name, layer)` of `flat_layers(model)` and of every layer inside them (a custom
+    layer's sublayers, held alone or in lists), as `outer/inner`, each layer once."""
+    seen = {id(model)}
+    for name, layer in flat_layers(model):
+        yield from _within(name, layer, seen)
+
+
+def _within(name: str, layer: keras.layers.Layer, seen: set):
+    if id(layer) in seen:
+        return
+    seen.add(id(layer))
+    yield name, layer
+    for value in vars(layer).values():
+        for inner in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(inner, keras.layers.Layer):
+                yield from _within(f"{name}/{inner.name}", inner, seen)
+
+
 def agree(differences, tolerance: float) -> bool:
     """Whether no weight differs by more than `tolerance` (absolute differences)."""
     return max(differences, default=0.0) <= tolerance

@@ -1,4 +1,8 @@
+import os
 import re
+import subprocess
+import sys
+import textwrap
 
 import keras
 import numpy as np
@@ -103,6 +107,15 @@ def test_too_little_data_for_the_steps_is_an_error():
     with pytest.raises(ValueError, match=r"holds 10 examples, fewer than steps x "
                        r"global_batch_size = 3 x 8"):
         sk.check(dense_model, data(10), replicas=2)
+
+
+@pytest.mark.parametrize("given, received", [
+    (lambda x, y: x, "ndarray"), (lambda x, y: (x,), "a tuple of 1"),
+    (lambda x, y: (x, y, y, y), "a tuple of 4")], ids=["array", "1-tuple", "4-tuple"])
+def test_data_must_be_x_y_and_maybe_sample_weights(given, received):
+    with pytest.raises(ValueError, match=r"data must be \(x, y\) or \(x, y, sample_weight\)\. "
+                       rf"Received: {received}\. Pass a tuple of numpy arrays"):
+        sk.check(dense_model, given(*data()), replicas=2)
 
 
 def test_model_fn_must_return_a_compiled_model():
@@ -382,3 +395,157 @@ def test_a_loss_scale_optimizer_cannot_accumulate_in_the_check():
                        r"'loss_scale_optimizer'\. Compile with the inner optimizer"):
         sk.check(accumulation_model_fn(optimizer_fn), data(), replicas=2, steps=1,
                  gradient_accumulation_steps=2)
+
+
+def weighted_data(examples=48):
+    # Weights from 0 to 3, different on every replica's slice; some examples weigh 0.
+    x, y = data(examples)
+    return x, y, np.arange(examples, dtype="float32") % 4
+
+
+def regularized_model(**regularizers):
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((3,)),
+                              keras.layers.Dense(4, activation="tanh", **regularizers),
+                              keras.layers.Dense(1)])
+    model.compile(keras.optimizers.SGD(0.02), "mse")
+    return model
+
+
+def one_device_fit_loss(model_fn, data, global_batch_size, steps):
+    """The loss plain Keras reports on one device in float64, the data passed to fit()
+    (float64 weights: Keras draws other initial weights in float32)."""
+    keras.config.set_floatx("float64")
+    keras.config.set_dtype_policy("float64")
+    try:
+        x, y, weight = (array[:steps * global_batch_size].astype("float64") for array in data)
+        history = model_fn().fit(x, y, sample_weight=weight, batch_size=global_batch_size,
+                                 shuffle=False, verbose=0)
+    finally:
+        keras.config.set_floatx("float32")
+        keras.config.set_dtype_policy("float32")
+    return history.history["loss"][-1]
+
+
+def test_a_regularized_model_on_weighted_data_passes_in_float64_as_fit_trains_it():
+    # Float64 with a regularizer used to fail: a float32 compiled loss next to float64
+    # regularization (every Keras), L1's float32 factor (Keras < 3.14).
+    model_fn = lambda: regularized_model(kernel_regularizer=keras.regularizers.L1(0.01),  # noqa: E731
+                                         bias_regularizer=keras.regularizers.L2(0.01))
+    report = sk.check(model_fn, weighted_data(), strategy=sk.mirrored(cpu_devices(4)),
+                      global_batch_size=8, steps=3)
+    assert report.passed and report.dtype == "float64", str(report)
+    assert report.max_difference < 1e-12
+    # The loss reported is one device's on the weighted data, as plain Keras reports it
+    # (with L1L2(l1=...), whose factor is a float on Keras < 3.14, for L1; L1 holds 0.01
+    # rounded to float32, 2e-8 relative: 5e-11 apart at the end on Keras 3.8).
+    reference_fn = lambda: regularized_model(  # noqa: E731
+        kernel_regularizer=keras.regularizers.L1L2(l1=0.01),
+        bias_regularizer=keras.regularizers.L2(0.01))
+    assert report.single_device_loss == pytest.approx(
+        one_device_fit_loss(reference_fn, weighted_data(), 8, 3), rel=1e-8)
+    assert report.distributed_loss == pytest.approx(report.single_device_loss, rel=1e-12)
+    assert keras.config.floatx() == "float32"
+
+
+def test_an_activity_regularized_model_on_weighted_data_passes_in_float64():
+    # Every replica's activity regularization counts (tests/upstream/test_replica_losses.py).
+    model_fn = lambda: regularized_model(activity_regularizer=keras.regularizers.L1(0.01))  # noqa: E731
+    report = sk.check(model_fn, weighted_data(), strategy=sk.mirrored(cpu_devices(4)),
+                      global_batch_size=8, steps=3)
+    assert report.passed, str(report)
+
+
+class ScaledLossModel(keras.Model):
+    """The keras.io "customizing fit()" step, its loss scaled for distribution by hand:
+    right gradients (Keras sums the replicas'), and 1/N of the loss reported."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.loss_tracker = keras.metrics.Mean(name="loss")
+
+    @property
+    def metrics(self):
+        return [self.loss_tracker]
+
+    def train_step(self, data):
+        x, y, weight = keras.utils.unpack_x_y_sample_weight(data)
+        with tf.GradientTape() as tape:
+            prediction = self(x, training=True)
+            per_example = keras.losses.mean_squared_error(y[:, None], prediction)
+            loss = tf.reduce_mean(per_example) / tf.distribute.get_strategy(
+            ).num_replicas_in_sync
+        gradients = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply_gradients(zip(gradients, self.trainable_variables))
+        self.loss_tracker.update_state(loss)
+        return {"loss": self.loss_tracker.result()}
+
+
+def scaled_loss_model():
+    keras.utils.set_random_seed(1)
+    inputs = keras.Input((3,))
+    outputs = keras.layers.Dense(1)(keras.layers.Dense(4, activation="tanh")(inputs))
+    model = ScaledLossModel(inputs, outputs)
+    model.compile(keras.optimizers.SGD(0.05), "mse")
+    return model
+
+
+def test_a_train_step_reporting_a_quarter_of_its_loss_on_4_replicas_fails_named():
+    report = sk.check(scaled_loss_model, data(), strategy=sk.mirrored(cpu_devices(4)),
+                      global_batch_size=8, steps=3)
+    assert report.weights_agree, str(report)  # its gradients are right
+    assert not report.passed
+    assert report.first_differing_log == "loss"
+    assert report.distributed_logs["loss"] == pytest.approx(
+        report.single_device_logs["loss"] / 4, rel=1e-12)
+    assert re.search(r"first value fit\(\) reported that differs: loss: 1 device [\d.]+, "
+                     r"4 replicas [\d.]+\n  loss on 4 replicas is 1/4 of one device's: the "
+                     r"train_step reports a loss scaled for distribution .* Report the "
+                     r"unscaled loss: update the tracker with the loss times "
+                     r"tf\.distribute\.get_strategy\(\)\.num_replicas_in_sync", str(report))
+
+
+def random_model():
+    keras.utils.set_random_seed(1)
+    block = keras.Sequential([keras.Input((4,)), keras.layers.GaussianNoise(0.3, name="noise"),
+                              keras.layers.Dense(4, activation="tanh")], name="block")
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, activation="tanh"),
+                              keras.layers.Dropout(0.5, name="drop"), block,
+                              keras.layers.Dense(1)])
+    model.compile(keras.optimizers.SGD(0.05), "mse")
+    return model
+
+
+def test_random_layers_are_switched_off_on_both_sides_and_named():
+    report = sk.check(random_model, data(), strategy=sk.mirrored(cpu_devices(4)),
+                      global_batch_size=8, steps=3)
+    assert report.passed and report.max_difference < 1e-12, str(report)
+    assert report.random_layers == {"drop": "Dropout", "block/noise": "GaussianNoise"}
+    assert ("randomness off in 2 layers: drop (Dropout), block/noise (GaussianNoise); both "
+            "runs computed them as in inference") in str(report)
+
+
+def test_the_float64_check_prints_no_tensorflow_lines_and_restores_the_optimizer(tmp_path):
+    # TensorFlow's remapper logged `util.cc:163] Not handling type DT_DOUBLE` for each
+    # float64 op it could have fused: 36 lines for this check. A fresh process (not
+    # `run_python`'s fork): TensorFlow reads TF_CPP_MIN_LOG_LEVEL once, the suite sets 2.
+    package = os.path.dirname(sk.__file__)  # this checkout's, also in a matrix virtualenv
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent("""
+        import keras, numpy as np, tensorflow as tf
+        import strategykit as sk
+        def model_fn():
+            model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, "tanh"),
+                                      keras.layers.Dense(1)])
+            model.compile("sgd", "mse")
+            return model
+        x = np.linspace(0, 1, 24).reshape(8, 3)
+        before = tf.config.optimizer.get_experimental_options()
+        print(bool(sk.check(model_fn, (x, x.sum(1)), replicas=2, steps=1)))
+        print(tf.config.optimizer.get_experimental_options() == {**before, "remapping": True})
+        """))
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                            timeout=240, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "0",
+                                              "PYTHONPATH": os.path.dirname(package)})
+    assert result.stderr.count("Not handling type") == 0, result.stderr[-3000:]
+    assert result.stdout.split("\n")[:2] == ["True", "True"], result.stdout + result.stderr
