@@ -11,14 +11,16 @@ import keras
 from strategykit.callbacks.latest_only import LatestOnly
 from strategykit.cluster.roles import is_chief
 
-_REPLICA_KEY = re.compile(r"^(val_)?loss/replica_(\d+)$")
+_REPLICA_KEY = re.compile(r"^(val_)?([^/]+)/replica_(\d+)$")
 
 
 class LossPlot(keras.callbacks.Callback):
     """Plots each replica's loss and the mean loss at every epoch end.
 
     Reads the `loss/replica_<k>` and `loss/mean` keys that `CrossReplicaLoss` puts into
-    the logs (list `CrossReplicaLoss` first); without them it plots Keras's `loss`.
+    the logs (list `CrossReplicaLoss` first), and those of every other loss a custom
+    step reports (a GAN's `d_loss/...` and `g_loss/...`); without them it plots Keras's
+    `loss`.
     Validation losses are drawn dashed. In Jupyter the plot updates in place in the cell
     output; when `path` is given the PNG file is rewritten after every epoch (by the
     chief only, when training runs on several workers: `sk.is_chief()`). Outside a
@@ -95,7 +97,8 @@ class LossPlot(keras.callbacks.Callback):
             if _REPLICA_KEY.match(key):
                 axes.plot(epochs, values, style, marker=".", linewidth=1, alpha=0.6, label=key)
             else:
-                color = "gray" if key.startswith("val_") else "black"
+                color = None if not key.removeprefix("val_").startswith("loss") else (
+                    "gray" if key.startswith("val_") else "black")
                 axes.plot(epochs, values, style, marker=".", linewidth=2.5, color=color,
                           label=key)
         axes.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -126,13 +129,16 @@ class LossPlot(keras.callbacks.Callback):
 
 
 def plotted_keys(logs: dict) -> list[str]:
-    """Per-replica keys and the mean when present, otherwise Keras's `loss`/`val_loss`."""
+    """Per-replica keys and each loss's mean when present, otherwise Keras's
+    `loss`/`val_loss`."""
     keys = [key for key in logs if _REPLICA_KEY.match(key)]
-    for prefix in ("", "val_"):
-        if f"{prefix}loss/mean" in logs:
-            keys.append(f"{prefix}loss/mean")
-        elif f"{prefix}loss" in logs:
-            keys.append(f"{prefix}loss")
+    names = {_REPLICA_KEY.match(key).group(2) for key in keys} or {"loss"}
+    for name in sorted(names):
+        for prefix in ("", "val_"):
+            if f"{prefix}{name}/mean" in logs:
+                keys.append(f"{prefix}{name}/mean")
+            elif f"{prefix}{name}" in logs:
+                keys.append(f"{prefix}{name}")
     return keys
 
 

@@ -99,7 +99,8 @@ def shard(
     `loss`, `metrics` and `weighted_metrics` (with the weights you passed) count the
     real examples only, as one device (`strategykit.upstream.exact_metrics`). Batch
     normalization in training still computes the batch moments (and moving averages)
-    of the padded step over the copies too: with a remainder of a few examples, prefer
+    of the padded step over the copies too, and so does an activity regularizer on Keras
+    before 3.14 (a sum over the batch): with a remainder of a few examples, prefer
     `drop_remainder=True`.
 
     With one replica (one device, or `tf.distribute.get_strategy()` outside any strategy

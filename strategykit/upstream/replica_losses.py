@@ -17,7 +17,9 @@ and the other replicas' terms are lost, silently (no upstream issue found).
   there the replicas' terms add up to 1/N of one device's. In a replica context of
   several replicas the regularizer's value is multiplied by the number of replicas, so
   that they add up to one device's term; elsewhere it is the layer's own regularizer
-  (`get_config` and saving are unchanged).
+  (`get_config` and saving are unchanged). On `sk.shard`'s padded final batch the term
+  also counts the padded copies there, as batch norm's moments do (use
+  `drop_remainder=True` where that batch matters).
 
 Terms that `add_loss` adds are, as Keras defines them under a strategy, averaged over
 the replicas: a term that is a mean over the batch (or depends on weights only) trains

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from strategykit import callbacks
-from strategykit.callbacks.loss_plot import plotted_keys
+from strategykit.callbacks.loss_plot import LossPlot, plotted_keys
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -102,6 +102,17 @@ def test_plotted_keys():
     logs = {"loss": 1.0, "loss/replica_0": 1.0, "loss/replica_1": 2.0, "loss/mean": 1.5,
             "loss/max": 2.0, "val_loss": 3.0, "accuracy": 0.5}
     assert plotted_keys(logs) == ["loss/replica_0", "loss/replica_1", "loss/mean", "val_loss"]
+
+
+def test_plotted_keys_of_a_step_reporting_several_losses():
+    # A GAN's CrossReplicaLoss keys: without them LossPlot plotted nothing (no `loss`).
+    logs = {"d_loss": 0.7, "g_loss": 0.6, "d_loss/replica_0": 0.7, "d_loss/replica_1": 0.8,
+            "d_loss/mean": 0.75, "g_loss/replica_0": 0.6, "g_loss/replica_1": 0.5,
+            "g_loss/mean": 0.55, "d_loss/max": 0.8}
+    assert plotted_keys(logs) == ["d_loss/replica_0", "d_loss/replica_1", "g_loss/replica_0",
+                                  "g_loss/replica_1", "d_loss/mean", "g_loss/mean"]
+    assert LossPlot().render({key: [logs[key]] for key in plotted_keys(logs)})[:4] == (
+        b"\x89PNG")
 
 
 def test_invalid_show_is_refused():

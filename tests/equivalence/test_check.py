@@ -448,6 +448,11 @@ def test_a_regularized_model_on_weighted_data_passes_in_float64_as_fit_trains_it
     assert keras.config.floatx() == "float32"
 
 
+@pytest.mark.skipif(
+    tuple(int(part) for part in keras.__version__.split(".")[:2]) < (3, 14),
+    reason="before Keras 3.14 an activity regularizer's term is a sum over the batch, "
+    "and on sk.shard's padded final batch (the check evaluates one) it counts the padded "
+    "copies: sk.check rightly reports that difference (docs/guides/sharding.md)")
 def test_an_activity_regularized_model_on_weighted_data_passes_in_float64():
     # Every replica's activity regularization counts (tests/upstream/test_replica_losses.py).
     model_fn = lambda: regularized_model(activity_regularizer=keras.regularizers.L1(0.01))  # noqa: E731
