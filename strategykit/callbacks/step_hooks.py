@@ -92,11 +92,11 @@ class ReplicaAccumulator:
         replica = static if static is not None else tf.cast(replica, tf.int32)
         mine = tf.equal(tf.range(self.replicas), replica)
         zeros = tf.zeros([self.replicas], tf.float64)  # not one_hot * value: 0 * NaN is NaN
-        rows = [tf.stack([tf.where(mine, sums[slot][0], zeros),
-                          tf.where(mine, sums[slot][1], zeros)]) if slot in sums
-                else tf.zeros([2, self.replicas], tf.float64)
-                for slot in range(self.variable.shape[0])]
-        updated = self.variable.assign_add(tf.stack(rows))
+        slots = sorted(sums)
+        rows = tf.stack([tf.stack([tf.where(mine, sums[slot][0], zeros),
+                                   tf.where(mine, sums[slot][1], zeros)]) for slot in slots])
+        updated = self.variable.assign_add(  # the slots in use only
+            tf.scatter_nd([[slot] for slot in slots], rows, self.variable.shape))
         # Shape [1, slots, 2, replicas]: Keras averages it element-wise over every replica.
         return tf.expand_dims(tf.convert_to_tensor(updated) * self.replicas, 0)
 
