@@ -240,7 +240,7 @@ class CrossReplicaLoss(keras.callbacks.ProgbarLogger):
     @staticmethod
     def _read(accumulator) -> dict:
         """`{loss name: (values, counts)}` of every loss the step reports."""
-        return {name: accumulator.read(name) for name in accumulator.names}
+        return {name: accumulator.read(name) for name in accumulator.reported_names()}
 
     def _entries(self, read: dict, prefix: str = "") -> dict:
         entries = {}

@@ -58,7 +58,8 @@ class ReplicaAccumulator:
 
     def __init__(self, strategy: tf.distribute.Strategy, slots: int = MAX_LOSSES):
         self.replicas = strategy.num_replicas_in_sync
-        self.names = ["loss"]  # the name of each slot in use, filled while tracing
+        self.names = ["loss"]  # the name of each slot, filled while tracing
+        self.reported: set[str] = set()  # the names the traced steps report
         with strategy.scope():
             self.variable = tf.Variable(
                 tf.zeros((slots, 2, self.replicas), tf.float64),
@@ -76,11 +77,16 @@ class ReplicaAccumulator:
                 raise ValueError(
                     f"CrossReplicaLoss records at most {self.variable.shape[0]} losses a "
                     f"step. Received: a step that reports {self.names + [name]}. Report "
-                    "fewer losses through keras.metrics.Mean, or use "
-                    "CrossReplicaLoss(per_replica=False)."
+                    f"at most {self.variable.shape[0]} losses through keras.metrics.Mean "
+                    "trackers (add the others up into one)."
                 )
             self.names.append(name)
+        self.reported.add(name)
         return self.names.index(name)
+
+    def reported_names(self) -> list[str]:
+        """The names of the losses the traced steps report, in slot order."""
+        return [name for name in self.names if name in self.reported]
 
     def add(self, sums: dict):
         """Adds this replica's `{slot: (sum, count)}`; returns the output to send out of

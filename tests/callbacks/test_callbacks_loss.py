@@ -358,6 +358,7 @@ def test_a_gans_losses_are_logged_for_each_replica(make_strategy):
         np.testing.assert_allclose(history[name], history[f"{name}/mean"], rtol=1e-5)
         assert history[f"{name}/max"] >= history[f"{name}/min"]
     assert len(set(np.array([history[f"d_loss/replica_{k}"][0] for k in range(4)]))) == 4
+    assert not [key for key in history if key.startswith("loss")]  # no compiled loss
     assert 0.3 < history["d_loss"][0] < 3  # about log 2 for an untrained discriminator
 
 
