@@ -21,7 +21,7 @@ import TensorFlow at all: the launcher only starts, watches and restarts process
 importing the package as a library (its `__init__` makes `sk.*`) would import TensorFlow
 and Keras, about 4.5 s of CPU and 650 MB at every launch (`benchmarks/launcher_start.py`).
 For these commands the package is registered without running its `__init__`, so that
-only `strategykit.cli` and `strategykit.cluster` are imported.
+only `strategykit.cli` and `strategykit.launcher` are imported.
 
 Example:
     $ strategykit demo              # no TensorFlow log lines
@@ -92,7 +92,7 @@ def only_starts_workers(arguments: list[str]) -> bool:
 def import_package_without_tensorflow() -> None:
     """Registers the `strategykit` package without running its `__init__`.
 
-    Its subpackages then import alone: `strategykit.cluster.launch` imports neither
+    Its subpackages then import alone: `strategykit.launcher.launch` imports neither
     TensorFlow nor Keras. Only for a process that runs nothing but strategykit's own
     command code (`sk.*` names are not defined in it); does nothing when the package is
     already imported.

@@ -57,7 +57,7 @@ import time
 import harness
 import workloads
 
-from strategykit.cluster.launch import signal_groups
+from strategykit.launcher.launch import signal_groups
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -166,7 +166,7 @@ def run_variant(variant: str, *, epochs: int, timeout: float) -> float:
     fill up). When a process fails, or any is still running after `timeout` seconds,
     every process group of the variant still running is killed and this raises.
     """
-    from strategykit.cluster.worker_env import free_ports
+    from strategykit.launcher.worker_env import free_ports
 
     processes = PROCESSES[variant]
     scratch = tempfile.mkdtemp(prefix="sk-multi-worker-")

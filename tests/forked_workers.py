@@ -122,7 +122,7 @@ def _send(message: dict) -> None:
 def _become_worker(request: dict) -> None:
     """In the forked child: becomes `python script args...` (as a worker of `strategykit
     launch --preload` does, `preload_server.become_worker`); ends the process."""
-    from strategykit.cluster.preload_server import become_worker
+    from strategykit.launcher.preload_server import become_worker
 
     fds = [os.open(request[name], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
            for name in ("stdout", "stderr")]

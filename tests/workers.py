@@ -22,7 +22,7 @@ import time
 
 from forked_workers import forks
 
-from strategykit.cluster.worker_env import free_ports, worker_env
+from strategykit.launcher.worker_env import free_ports, worker_env
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 TEST_PATHS = [TESTS, *sorted(entry.path for entry in os.scandir(TESTS)

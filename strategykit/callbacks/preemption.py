@@ -19,7 +19,7 @@ import threading
 
 import tensorflow as tf
 
-from strategykit.cluster.exit_codes import PREEMPTED
+from strategykit.launcher.exit_codes import PREEMPTED
 from strategykit.cluster.roles import is_multi_worker
 from strategykit.upstream import coordination
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from strategykit.cluster import hang_watch
-from strategykit.cluster.launch import NETWORKS
+from strategykit.launcher import hang_watch
+from strategykit.launcher.launch import NETWORKS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -129,7 +129,7 @@ def _demo(args) -> int:
             f"{args.workers} --replicas {args.replicas}. Across workers each worker has "
             "its own devices (one replica per worker on CPUs).")
     if args.workers and args.workers > 1:
-        from strategykit.cluster.launch import launch
+        from strategykit.launcher.launch import launch
 
         return launch(_demo_worker_command(args), workers=args.workers, preload=True)
     from strategykit.cli import demo
@@ -168,7 +168,7 @@ def _check(args) -> int:
 
 
 def _launch(args) -> int:
-    from strategykit.cluster.launch import launch
+    from strategykit.launcher.launch import launch
 
     command = args.worker_command
     return launch(command[1:] if command[:1] == ["--"] else command, workers=args.workers,

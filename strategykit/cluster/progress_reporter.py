@@ -14,7 +14,7 @@ import os
 
 import keras
 
-from strategykit.cluster.progress_file import VARIABLE, ProgressFile
+from strategykit.launcher.progress_file import VARIABLE, ProgressFile
 
 _makers: dict = {}  # progress file -> ProgressReporter maker
 

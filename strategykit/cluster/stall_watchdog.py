@@ -25,7 +25,7 @@ import time
 
 import keras
 
-from strategykit.cluster.hang_watch import DEFAULT_TIMEOUT, EXIT_CODE
+from strategykit.launcher.hang_watch import DEFAULT_TIMEOUT, EXIT_CODE
 
 VARIABLE = "STRATEGYKIT_HANG_TIMEOUT"
 """Seconds without progress after which a worker started without the launcher exits."""

@@ -21,7 +21,7 @@ def test_multi_worker_example_trains_under_the_launcher_without_tensorflow_log_l
     # As a user's shell runs it: no logging variables, so the launcher quiets the workers.
     # Their TensorFlow prints C++ log lines that TF_CPP_MIN_LOG_LEVEL does not silence (at
     # import, at the end of training); the launcher drops them. This run is the suite's
-    # check of that for workers that import TensorFlow: tests/cluster/test_launch.py shows
+    # check of that for workers that import TensorFlow: tests/launcher/test_launch.py shows
     # with --verbose that such lines come, and that the launcher keeps every other line.
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_CPP", "ABSL"))}
     out = tmp_path / "run"

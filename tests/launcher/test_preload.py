@@ -2,7 +2,7 @@
 
 Each job here pays one TensorFlow import, in its preload server; the workers are tiny
 Python scripts (what TensorFlow training under `--preload` does is tested by
-tests/cluster/test_launch_resume.py). As in tests/cluster/test_launch.py, a launcher that
+tests/cluster/test_launch_resume.py). As in tests/launcher/test_launch.py, a launcher that
 outlives its test's timeout is killed with its process group, and what is left of the
 workers is killed at the end of each test.
 """
@@ -12,8 +12,8 @@ import sys
 import pytest
 from test_launch import Job, kill_launcher
 
-from strategykit.cluster.launch import launch
-from strategykit.cluster.preload import preloadable
+from strategykit.launcher.launch import launch
+from strategykit.launcher.preload import preloadable
 
 
 @pytest.fixture

@@ -24,9 +24,9 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass
 
-from strategykit.cluster.hang_watch import EXIT_CODE as HUNG
-from strategykit.cluster.hang_watch import after_last_step
-from strategykit.cluster.process_state import describe, is_stopped
+from strategykit.launcher.hang_watch import EXIT_CODE as HUNG
+from strategykit.launcher.hang_watch import after_last_step
+from strategykit.launcher.process_state import describe, is_stopped
 
 
 @dataclass(frozen=True)

@@ -18,14 +18,14 @@ import tempfile
 import time
 from collections.abc import Sequence
 
-from strategykit.cluster import hang_watch, held_output, private_network, progress_file
-from strategykit.cluster.exit_codes import PREEMPTED
-from strategykit.cluster.fault import blame
-from strategykit.cluster.orphan_guard import guarded
-from strategykit.cluster.preload import ForkedWorker, Preloader
-from strategykit.cluster.process_state import process_state
-from strategykit.cluster.worker_env import count, find_gpus, free_ports, gpu_assignment, worker_env
-from strategykit.cluster.worker_output import LineForwarder, Terminal, forward
+from strategykit.launcher import hang_watch, held_output, private_network, progress_file
+from strategykit.launcher.exit_codes import PREEMPTED
+from strategykit.launcher.fault import blame
+from strategykit.launcher.orphan_guard import guarded
+from strategykit.launcher.preload import ForkedWorker, Preloader
+from strategykit.launcher.process_state import process_state
+from strategykit.launcher.worker_env import count, find_gpus, free_ports, gpu_assignment, worker_env
+from strategykit.launcher.worker_output import LineForwarder, Terminal, forward
 
 GRACE_SECONDS = 3.0
 """How long a worker stopped after a peer's failure has, after SIGTERM, before SIGKILL."""
@@ -68,7 +68,7 @@ def launch(command: Sequence[str], workers: int, restarts: int = 0, port: int | 
 
     Each worker's stdout and stderr lines come out on the launcher's stdout and stderr
     prefixed `[worker k] `; of the progress bars only the chief's is shown (see
-    `strategykit.cluster.worker_output`). When a worker exits non-zero or is killed by a signal,
+    `strategykit.launcher.worker_output`). When a worker exits non-zero or is killed by a signal,
     every other worker's process group gets SIGTERM at once and SIGKILL
     `GRACE_SECONDS` (3 s) later; the launcher says on stderr which worker died and how,
     then starts the whole job again while restarts are left. SIGINT or SIGTERM to the
@@ -80,11 +80,11 @@ def launch(command: Sequence[str], workers: int, restarts: int = 0, port: int | 
     are left. When the job ends, nothing is left running
     in any worker's process group. On Linux a launcher killed by SIGKILL (which it cannot
     catch) takes its workers with it: the kernel sends each SIGKILL
-    (`strategykit.cluster.orphan_guard`). A job in which no worker has made training
+    (`strategykit.launcher.orphan_guard`). A job in which no worker has made training
     progress for `hang_timeout` seconds (one worker stopped or stuck, the others waiting
     for it in an all-reduce) is stopped with SIGKILL, the worker to blame named
-    (`strategykit.cluster.hang_watch`), and restarted like a failed one. The worker
-    named for a failure is the one at fault (`strategykit.cluster.fault`): a stopped
+    (`strategykit.launcher.hang_watch`), and restarted like a failed one. The worker
+    named for a failure is the one at fault (`strategykit.launcher.fault`): a stopped
     peer, or the one TensorFlow names unhealthy, rather than the first to fail.
 
     Args:
@@ -97,14 +97,14 @@ def launch(command: Sequence[str], workers: int, restarts: int = 0, port: int | 
         hang_timeout: seconds without training progress that stop the job; 0 never.
             Default 300. The watch starts with the first step a worker completes.
         network: `"private"` (default): the workers run in a network of the job's own
-            (`strategykit.cluster.private_network`), their ports reachable from no other
+            (`strategykit.launcher.private_network`), their ports reachable from no other
             machine and no other machine reachable from them; where the kernel does not
             allow it the launcher says so and uses this machine's network. `"host"`: this
             machine's network.
         verbose: show every worker's tracebacks where they come; by default those of
             workers that only echo the failure of the worker at fault go to a log file.
         preload: import TensorFlow, Keras and strategykit once, in a server process, and
-            fork every worker of every attempt from it (`strategykit.cluster.preload`):
+            fork every worker of every attempt from it (`strategykit.launcher.preload`):
             workers and restarts start in milliseconds instead of seconds. Only for
             `python SCRIPT ...` and `python -m MODULE ...` commands; an environment
             variable they read when imported must be set for the launcher, not by the

@@ -22,10 +22,10 @@ import time
 import pytest
 
 from strategykit.cli import commands as cli
-from strategykit.cluster import launch as launch_module
-from strategykit.cluster.launch import launch
-from strategykit.cluster.worker_env import find_gpus, gpu_assignment, worker_env
-from strategykit.cluster.worker_output import LineForwarder, Terminal
+from strategykit.launcher import launch as launch_module
+from strategykit.launcher.launch import launch
+from strategykit.launcher.worker_env import find_gpus, gpu_assignment, worker_env
+from strategykit.launcher.worker_output import LineForwarder, Terminal
 
 TIMEOUT = 60
 """Seconds a launcher may run in a test before it is killed and the test fails."""

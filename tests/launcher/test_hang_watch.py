@@ -6,8 +6,8 @@ import json
 import keras
 import numpy as np
 
-from strategykit.cluster.hang_watch import HangWatch
-from strategykit.cluster.progress_file import ProgressFile, read
+from strategykit.launcher.hang_watch import HangWatch
+from strategykit.launcher.progress_file import ProgressFile, read
 from strategykit.cluster.progress_reporter import ProgressReporter
 
 NOW = 1_000_000.0

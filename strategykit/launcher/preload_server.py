@@ -1,5 +1,5 @@
 """The preload server of `strategykit launch --preload` (see `preload`), run as
-`python -m strategykit.cluster.preload_server FD`.
+`python -m strategykit.launcher.preload_server FD`.
 
 It imports TensorFlow, Keras and strategykit, says `{"ready": true}` on the channel FD
 (a `SOCK_SEQPACKET` socket to the launcher), then for each request (a worker's command
@@ -20,7 +20,7 @@ import socket
 import sys
 import traceback
 
-from strategykit.cluster import orphan_guard
+from strategykit.launcher import orphan_guard
 
 _POLL_SECONDS = 0.05
 _REQUEST_BYTES = 1 << 20

@@ -11,7 +11,7 @@ Standard library only: the launcher imports no TensorFlow.
 
 Example:
     >>> import io, os, tempfile
-    >>> from strategykit.cluster.worker_output import LineForwarder, Terminal
+    >>> from strategykit.launcher.worker_output import LineForwarder, Terminal
     >>> terminal = Terminal(io.StringIO(), io.StringIO())
     >>> stderrs = [LineForwarder(terminal, k, "stderr", hold_tracebacks=True)
     ...            for k in range(2)]
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import time
 
-from strategykit.cluster.worker_output import LineForwarder, Terminal
+from strategykit.launcher.worker_output import LineForwarder, Terminal
 
 HELD_SECONDS = 60.0
 """How late, at the latest, the traceback of a worker that goes on running is shown

@@ -44,7 +44,7 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 
-from strategykit.cluster.orphan_guard import guarded
+from strategykit.launcher.orphan_guard import guarded
 
 READY_SECONDS = 300.0
 """How long the server may take to import TensorFlow, Keras and strategykit."""
@@ -85,7 +85,7 @@ class Preloader:
         self._python, self._target = command[0], list(command[1:])
         self._channel, server_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._log = tempfile.TemporaryFile()
-        server = [command[0], "-m", "strategykit.cluster.preload_server",
+        server = [command[0], "-m", "strategykit.launcher.preload_server",
                   str(server_end.fileno())]
         try:  # the launcher has checked that the command's program can start
             self._server = subprocess.Popen(

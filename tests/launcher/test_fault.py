@@ -4,8 +4,8 @@ error output; the real jobs are in test_launch.py and test_launch_resume.py)."""
 
 import io
 
-from strategykit.cluster.fault import blame
-from strategykit.cluster.worker_output import LineForwarder, Terminal
+from strategykit.launcher.fault import blame
+from strategykit.launcher.worker_output import LineForwarder, Terminal
 
 REPORTS = [{"epoch": 3, "step": 5}, {"epoch": 3, "step": 4}, {}]
 

@@ -18,8 +18,8 @@ TensorFlow.
 
 from __future__ import annotations
 
-from strategykit.cluster.process_state import describe, is_stopped
-from strategykit.cluster.progress_file import HEARTBEAT_SECONDS, read
+from strategykit.launcher.process_state import describe, is_stopped
+from strategykit.launcher.progress_file import HEARTBEAT_SECONDS, read
 
 DEFAULT_TIMEOUT = 300.0
 """Seconds without progress after which `strategykit launch` stops a job by default."""
