@@ -7,7 +7,7 @@
 
 The newest pair is the README's own test command (`pip install -e ".[dev]" && python
 -m pytest`, whole suite); the older pairs run the tests of everything that depends on
-Keras's and TensorFlow's private code or numbers: upstream/, equivalence/, data/,
+Keras's and TensorFlow's private code or numbers: upstream/, pinning/, equivalence/, data/,
 batchnorm/, callbacks/, strategy/ and cli/ (the demo, the quiet console). Each pair's
 virtualenv is kept in .nox/ and reused.
 """
@@ -20,11 +20,11 @@ import nox
 nox.options.reuse_venv = "yes"
 nox.options.default_venv_backend = "venv"
 
-_VERSIONS = pathlib.Path(__file__).parent / "strategykit" / "upstream" / "versions.py"
+_VERSIONS = pathlib.Path(__file__).parent / "strategykit" / "pinning" / "versions.py"
 
 
 def _checked_on():
-    """CHECKED_ON of strategykit/upstream/versions.py, read without importing TensorFlow."""
+    """CHECKED_ON of strategykit/pinning/versions.py, read without importing TensorFlow."""
     for node in ast.parse(_VERSIONS.read_text()).body:
         if isinstance(node, ast.Assign) and node.targets[0].id == "CHECKED_ON":
             return ast.literal_eval(node.value)
@@ -34,8 +34,9 @@ def _checked_on():
 PAIRS = _checked_on()
 OLDER_PAIRS = PAIRS[:-1]
 nox.options.sessions = [f"matrix({tf}-{keras})" for tf, keras in OLDER_PAIRS]
-SUBSET = ["tests/upstream", "tests/equivalence", "tests/data", "tests/batchnorm",
-          "tests/callbacks", "tests/strategy", "tests/cli", "tests/test_layout.py"]
+SUBSET = ["tests/upstream", "tests/pinning", "tests/equivalence", "tests/data",
+          "tests/batchnorm", "tests/callbacks", "tests/strategy", "tests/cli",
+          "tests/test_layout.py"]
 
 
 @nox.session(name="matrix")

@@ -15,8 +15,8 @@ import pytest
 import strategykit
 
 PACKAGE = pathlib.Path(strategykit.__file__).parent
-LAYERS = ["launcher", "cluster", "upstream", "strategy", "data", "batchnorm", "callbacks", "equivalence",
-          "cli"]
+LAYERS = ["launcher", "background", "cluster", "pinning", "upstream", "strategy", "data",
+          "batchnorm", "callbacks", "equivalence", "cli"]
 
 
 def _parts():
@@ -42,7 +42,7 @@ def _imported_parts(path: pathlib.Path) -> set[str]:
 
 def test_every_part_is_a_layer_and_the_top_level_holds_only_the_api():
     assert _parts() == sorted(LAYERS)
-    assert sorted(path.name for path in PACKAGE.glob("*.py")) == ["__init__.py"]
+    assert sorted(path.name for path in PACKAGE.glob("*.py")) == ["__init__.py", "__main__.py"]
 
 
 @pytest.mark.parametrize("part", LAYERS)
@@ -93,3 +93,12 @@ def test_importing_every_launcher_module_imports_neither_tensorflow_nor_keras():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             timeout=60, check=True)
     assert result.stdout.strip() == "[]", result.stdout + result.stderr
+
+
+def test_no_part_holds_more_than_a_fifth_of_the_package():
+    def lines(paths) -> int:
+        return sum(len(path.read_text().splitlines()) for path in paths)
+
+    total = lines(PACKAGE.rglob("*.py"))
+    shares = {part: lines((PACKAGE / part).rglob("*.py")) / total for part in LAYERS}
+    assert max(shares.values()) <= 0.2, {part: f"{share:.1%}" for part, share in shares.items()}

@@ -30,10 +30,11 @@ import tensorflow as tf
 
 from strategykit.batchnorm.unsynchronized import unsynchronized_batch_norms
 from strategykit.callbacks.backup_record import read_record, record_of, replicas_text, write_record
-from strategykit.callbacks.preemption import EXIT_CODE, Preemption
+from strategykit.callbacks.preemption import Preemption
 from strategykit.cluster.chief_files import writable_path
 from strategykit.cluster.roles import is_chief, is_multi_worker
 from strategykit.data import position
+from strategykit.launcher.worker_contract import PREEMPTED
 from strategykit.strategy.reduction import every_replica
 
 _BACKUP = re.compile(r"^backup-(\d+)$")
@@ -64,10 +65,11 @@ class BackupAndRestore(keras.callbacks.Callback):
 
     **Preemption.** SIGTERM to any worker (or to `strategykit launch`) during `fit()`
     makes every worker stop after the same step: the chief writes a backup of that
-    step, mid-epoch, and every worker exits with code 42 (`EXIT_CODE`). Running the
-    same command again (or `strategykit launch --restarts K`) resumes at the next step
-    of that epoch, nothing redone or skipped; backups of `save_freq=N` resume the same
-    way. With `sk.shard` data the resumed epoch's pass starts at that step, and
+    step, mid-epoch, and every worker exits with code 42 (`EXIT_CODE`:
+    `strategykit.launcher.worker_contract.PREEMPTED`). Running the same command again
+    (or `strategykit launch --restarts K`) resumes at the next step of that epoch,
+    nothing redone or skipped; backups of `save_freq=N` resume the same way. With
+    `sk.shard` data the resumed epoch's pass starts at that step, and
     `sk.shard(..., shuffle=True, seed=s)` orders each epoch as an uninterrupted run
     does, so training ends with the weights of an uninterrupted run. Keras's logs of
     the resumed epoch cover the steps after the resume.
@@ -93,7 +95,8 @@ class BackupAndRestore(keras.callbacks.Callback):
         >>> model.fit(data, epochs=20, callbacks=[backup])  # doctest: +SKIP
     """
 
-    EXIT_CODE = EXIT_CODE
+    EXIT_CODE = PREEMPTED
+    """The exit code of a worker that backed up and stopped on SIGTERM (42)."""
 
     def __init__(self, backup_dir, save_freq="epoch", double_checkpoint=False,
                  delete_checkpoint=True):
@@ -178,9 +181,9 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._preemption.stop()
         if self._chief:
             print(f"strategykit: SIGTERM: backed up epoch {self._epoch + 1}, step {step} to "
-                  f"{self.backup_dir}; exiting with code {EXIT_CODE}. Run the same command "
+                  f"{self.backup_dir}; exiting with code {PREEMPTED}. Run the same command "
                   "again to go on from the next step.", file=sys.stderr, flush=True)
-        raise SystemExit(EXIT_CODE)
+        raise SystemExit(PREEMPTED)
 
     def backups(self) -> list[str]:
         """The complete backups in `backup_dir`, oldest first."""

@@ -8,7 +8,7 @@ import re
 
 import keras
 
-from strategykit.callbacks.latest_only import LatestOnly
+from strategykit.background.latest_only import LatestOnly
 from strategykit.cluster.roles import is_chief
 
 _REPLICA_KEY = re.compile(r"^(val_)?([^/]+)/replica_(\d+)$")

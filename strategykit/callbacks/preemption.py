@@ -19,12 +19,8 @@ import threading
 
 import tensorflow as tf
 
-from strategykit.launcher.exit_codes import PREEMPTED
 from strategykit.cluster.roles import is_multi_worker
 from strategykit.upstream import coordination
-
-EXIT_CODE = PREEMPTED
-"""The exit code of a worker that backed up and stopped on SIGTERM (TensorFlow's own)."""
 
 _DONE = "done"
 _NOT_CAUGHT = object()

@@ -78,6 +78,7 @@ _STATE_WORDS = {
     "refusing": "REFUSES (unknown upstream code)",
     "upstream's own": "upstream's own (unknown upstream code, not needed for numbers)",
     "not installed": "not installed yet (sk.mirrored() or sk.shard() installs it)",
+    "checked": "checked (private upstream code read as pinned)",
 }
 
 
@@ -91,8 +92,9 @@ def _fixes_text(facts: dict) -> str:
         entry.append(fix)
     for (affects, issue), fixes in features.items():
         states = [fix["state"] for fix in fixes]
-        state = next((s for s in ("refusing", "upstream's own", "not installed", "installed")
-                      if s in states), "not needed")
+        state = next((s for s in ("refusing", "upstream's own", "not installed", "installed",
+                                  "checked") if s in states), "not needed")
+        issue = issue.replace(" (unreported)", ", unreported")
         lines.append(f"  {_STATE_WORDS[state]}: {affects} ({issue})")
         for name in sorted({name for fix in fixes for name in fix["unknown"]}):
             lines.append(f"      differs: {name}")

@@ -1,8 +1,11 @@
 """Where a worker is: the cluster a job runs in and which worker this process is.
 
 Holds the environments a job reads (`environments/`: `TF_CONFIG`, SLURM, Kubernetes,
-one module each), which worker this process is (`sk.is_chief`), chief-only files, this
-machine's public address, and the callbacks that report a worker's progress to
-`strategykit launch`. Builds on TensorFlow's cluster resolvers and `strategykit.launcher`'s
-exit codes; the launcher itself is in `strategykit/launcher/`.
+one module each, behind one interface that also counts the workers and finds this
+worker's index), which worker this process is (`roles`, `sk.is_chief`), chief-only
+files, this machine's public address, and the callback that reports a worker's progress
+(`progress_reporter`: to `strategykit launch`, or to the worker's own `stall_watchdog`).
+Builds on TensorFlow's cluster resolvers and on what `strategykit.launcher` and its
+workers agree on (`strategykit.launcher.worker_contract`); the launcher itself is in
+`strategykit/launcher/`.
 """

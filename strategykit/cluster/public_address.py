@@ -53,7 +53,7 @@ def public_addresses(config: dict) -> list[PublicAddress]:
 
     Args:
         config: a checked `TF_CONFIG` dict, as
-            `strategykit.cluster.tf_config.read_tf_config()` returns it.
+            `strategykit.cluster.environments.tf_config.read_tf_config()` returns it.
 
     Returns:
         The public workers, in the cluster's order; empty without a cluster.
@@ -87,7 +87,7 @@ def warn_if_public(config: dict, *, stacklevel: int = 2) -> None:
 
     Args:
         config: a checked `TF_CONFIG` dict, as
-            `strategykit.cluster.tf_config.read_tf_config()` returns it.
+            `strategykit.cluster.environments.tf_config.read_tf_config()` returns it.
         stacklevel: as for `warnings.warn`; default 2, the line that calls this.
 
     Example:

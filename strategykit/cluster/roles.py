@@ -10,7 +10,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from strategykit.cluster import environments
-from strategykit.cluster.tf_config import count_workers
+from strategykit.cluster.environments import Task, count_workers, worker_position
 
 
 def is_chief(strategy: tf.distribute.Strategy | None = None) -> bool:
@@ -33,12 +33,10 @@ def is_chief(strategy: tf.distribute.Strategy | None = None) -> bool:
         >>> sk.is_chief()  # one machine, no TF_CONFIG
         True
     """
-    task_type, index, cluster = _task(strategy)
-    if task_type is None:
+    task = _task(strategy)
+    if task.type == "chief":
         return True
-    if task_type == "chief":
-        return True
-    return task_type == "worker" and index == 0 and not cluster.get("chief")
+    return task.type == "worker" and task.index == 0 and not task.cluster.get("chief")
 
 
 def worker_index(strategy: tf.distribute.Strategy | None = None) -> int:
@@ -50,10 +48,7 @@ def worker_index(strategy: tf.distribute.Strategy | None = None) -> int:
     Returns:
         The index of this worker among every worker of the job (0 on one machine).
     """
-    task_type, index, cluster = _task(strategy)
-    if task_type in (None, "chief"):
-        return 0
-    return len(cluster.get("chief", [])) + index
+    return worker_position(_task(strategy))
 
 
 def is_multi_worker(strategy: tf.distribute.Strategy) -> bool:
@@ -61,20 +56,23 @@ def is_multi_worker(strategy: tf.distribute.Strategy) -> bool:
     resolver = getattr(strategy, "cluster_resolver", None)
     if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) or resolver is None:
         return False
-    return count_workers({"cluster": resolver.cluster_spec().as_dict()}) > 1
+    return count_workers(resolver.cluster_spec().as_dict()) > 1
 
 
-def _task(strategy) -> tuple[str | None, int, dict]:
-    """`(task type, task index, cluster dict)`, or `(None, 0, {})` for a single worker.
+def _task(strategy) -> Task:
+    """This worker's task; `Task("worker", 0, {})` for a single worker.
 
     Without a strategy: the environment `sk.from_env()` reads (`environments.detect()`).
     """
     if strategy is not None:
         if not is_multi_worker(strategy):
-            return None, 0, {}
+            return _ALONE
         resolver = strategy.cluster_resolver
-        return resolver.task_type, int(resolver.task_id), resolver.cluster_spec().as_dict()
+        return Task(resolver.task_type, int(resolver.task_id), resolver.cluster_spec().as_dict())
     environment = environments.detect()
     if environment.workers() <= 1:
-        return None, 0, {}
+        return _ALONE
     return environment.task()
+
+
+_ALONE = Task("worker", 0, {})  # the task of a worker that trains alone

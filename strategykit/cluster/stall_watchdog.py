@@ -1,4 +1,4 @@
-"""A worker's own hang watch, for jobs started without `strategykit launch`.
+"""A worker's own hang watch, for jobs started without `strategykit launch`: `Watch`.
 
 Under SLURM or Kubernetes nobody watches the job as `strategykit launch` does
 (`hang_watch`). A peer that dies or is stopped stops sending heartbeats to TensorFlow's
@@ -12,23 +12,20 @@ when, inside `fit()`, `evaluate()` or `predict()`, no step or batch has complete
 and exits with code 124, so its peers fail within seconds and the scheduler can
 restart the job (which `sk.callbacks.BackupAndRestore` resumes). The watch starts with
 the first completed step of each call, so start-up and tracing never count, and
-it pauses between calls, so your own code between them is never cut short.
+it pauses between calls, so your own code between them is never cut short. The watch is
+told of each call and step by `progress_reporter.ProgressReporter`, the callback that
+reports to the launcher under it. No Keras or TensorFlow here.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 import threading
 import time
 
-import keras
-
-from strategykit.launcher.hang_watch import DEFAULT_TIMEOUT, EXIT_CODE
-
-VARIABLE = "STRATEGYKIT_HANG_TIMEOUT"
-"""Seconds without progress after which a worker started without the launcher exits."""
+from strategykit.launcher.hang_watch import DEFAULT_TIMEOUT
+from strategykit.launcher.worker_contract import HANG_TIMEOUT_VARIABLE, HUNG
 
 _CHECK_SECONDS = 1.0
 
@@ -45,7 +42,7 @@ def timeout_from_env() -> float:
         >>> timeout_from_env()
         300.0
     """
-    text = os.environ.get(VARIABLE, "")
+    text = os.environ.get(HANG_TIMEOUT_VARIABLE, "")
     if not text.strip():
         return DEFAULT_TIMEOUT
     try:
@@ -54,13 +51,17 @@ def timeout_from_env() -> float:
         seconds = -1.0
     if not seconds >= 0:
         raise ValueError(
-            f"{VARIABLE} must be a number of seconds >= 0. Received: {VARIABLE}={text!r}. "
-            f"Use e.g. {VARIABLE}=600, or 0 to turn the watch off.")
+            f"{HANG_TIMEOUT_VARIABLE} must be a number of seconds >= 0. Received: "
+            f"{HANG_TIMEOUT_VARIABLE}={text!r}. Use e.g. {HANG_TIMEOUT_VARIABLE}=600, or 0 "
+            "to turn the watch off.")
     return seconds
 
 
 class Watch:
     """What a worker's calls to `fit()`, `evaluate()` and `predict()` have done lately.
+
+    It is told as a `ProgressFile` is (`enter_call`, `leave_call`, `record`), by the same
+    callback, and ends the process when a call makes no progress for `timeout` seconds.
 
     Args:
         timeout: seconds without a completed step, inside a call, that end the process.
@@ -76,7 +77,8 @@ class Watch:
         self._where = "no training step yet"
         self._thread: threading.Thread | None = None
 
-    def begin(self) -> None:
+    def enter_call(self) -> None:
+        """Notes that a `fit()`, `evaluate()` or `predict()` call begins (they may nest)."""
         with self._lock:
             self._calls += 1
             if self._calls == 1:
@@ -86,15 +88,17 @@ class Watch:
                                             name="strategykit-stall-watchdog")
             self._thread.start()
 
-    def end(self) -> None:
+    def leave_call(self) -> None:
+        """Notes that the call begun last ended."""
         with self._lock:
             self._calls = max(0, self._calls - 1)
 
-    def progress(self, where: str | None = None) -> None:
+    def record(self, epoch: int | None = None, step: int | None = None) -> None:
+        """Notes progress now; `epoch` and `step` (from 1) when a training step ended."""
         with self._lock:
             self._last = time.time()
-            if where is not None:
-                self._where = where
+            if step is not None:
+                self._where = f"last step {step} of epoch {epoch}"
 
     def check(self, now: float) -> str | None:
         """None while the running call makes progress; else the message it exits with."""
@@ -105,8 +109,9 @@ class Watch:
                 return None
             where = self._where
         return (f"strategykit: worker {self.worker} made no progress for {self.timeout:g} s "
-                f"({where}): this worker or a peer is stuck. Exiting with code {EXIT_CODE} so "
-                f"that the job can be restarted ({VARIABLE}=seconds to change, 0 to turn off).")
+                f"({where}): this worker or a peer is stuck. Exiting with code {HUNG} so "
+                f"that the job can be restarted ({HANG_TIMEOUT_VARIABLE}=seconds to change, 0 "
+                "to turn off).")
 
     def _run(self) -> None:
         while True:
@@ -114,47 +119,5 @@ class Watch:
             message = self.check(time.time())
             if message is not None:
                 print(message, file=sys.stderr, flush=True)
-                self._exit(EXIT_CODE)
+                self._exit(HUNG)
                 return
-
-
-class StallReporter(keras.callbacks.Callback):
-    """Tells the `Watch` when calls begin and end and each step completes."""
-
-    async_safe = True
-
-    def __init__(self, watch: Watch):
-        super().__init__()
-        self.watch = watch
-        self._epoch = 0
-
-    def on_train_begin(self, logs=None):
-        self.watch.begin()
-
-    on_test_begin = on_predict_begin = on_train_begin
-
-    def on_train_end(self, logs=None):
-        self.watch.end()
-
-    on_test_end = on_predict_end = on_train_end
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self._epoch = epoch
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.watch.progress(f"last step {batch + 1} of epoch {self._epoch + 1}")
-
-    def on_test_batch_end(self, batch, logs=None):
-        self.watch.progress()
-
-    on_predict_batch_end = on_test_batch_end
-
-
-def reporter(worker: int):
-    """The `StallReporter` maker of this process's watch (one watch a process)."""
-    if "maker" not in _watch:
-        _watch["maker"] = functools.partial(StallReporter, Watch(timeout_from_env(), worker))
-    return _watch["maker"]
-
-
-_watch: dict = {}

@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from strategykit.upstream.dataset_inputs import input_datasets
+
 
 def examples_source(data):
     """A function `context -> unbatched tf.data.Dataset`, and the size when known."""
@@ -49,9 +51,8 @@ def check_unbatched(dataset, what: str) -> tf.data.Dataset:
 
 # tf.data has no public way to ask whether a dataset is batched: its element_spec looks
 # the same as one of variable-length examples. This walks the chain of transformations
-# through the private `_inputs()` of each dataset and looks at their class names
-# (`_BatchDataset`, `_PaddedBatchDataset`, ...). This is the one place sharding relies on
-# private TensorFlow API; tests/test_sharding.py fails when upstream changes it.
+# (`strategykit.upstream.dataset_inputs`) and looks at their class names
+# (`_BatchDataset`, `_PaddedBatchDataset`, ...).
 _BATCH_CLASS_WORDS = ("Batch", "GroupByWindow")
 
 
@@ -61,7 +62,7 @@ def _batching_transformation(dataset) -> str | None:
         return None
     if any(word in name for word in _BATCH_CLASS_WORDS):
         return name.strip("_").replace("Dataset", "").lower()
-    for parent in dataset._inputs():
+    for parent in input_datasets(dataset):
         found = _batching_transformation(parent)
         if found:
             return found

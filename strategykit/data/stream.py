@@ -25,7 +25,8 @@ import weakref
 import tensorflow as tf
 
 from strategykit.data import position
-from strategykit.upstream import epoch_input, iterator_reaper
+from strategykit.background import iterator_reaper
+from strategykit.upstream import epoch_input
 from strategykit.upstream.steps_per_execution import Steps
 
 

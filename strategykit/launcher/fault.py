@@ -24,9 +24,9 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass
 
-from strategykit.launcher.hang_watch import EXIT_CODE as HUNG
 from strategykit.launcher.hang_watch import after_last_step
 from strategykit.launcher.process_state import describe, is_stopped
+from strategykit.launcher.worker_contract import HUNG
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ def blame(failed: int, codes: list[int | None], states: list[str | None],
 
     Returns:
         A `Fault`. Its code is the failed worker's exit code (128 + N for signal N, as a
-        shell reports it), or `hang_watch.EXIT_CODE` (124) when a stopped worker is at
+        shell reports it), or `worker_contract.HUNG` (124) when a stopped worker is at
         fault.
     """
     for k, state in enumerate(states):

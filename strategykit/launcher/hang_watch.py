@@ -12,8 +12,8 @@ the same step none is singled out. The watch starts with the first progress a wo
 reports, so starting up (importing TensorFlow, tracing the first step) never counts as a
 hang; a script that never calls `fit()` is not watched, nor the time before, between and
 after its calls (saving a model, exiting: a worker's heartbeat stops while Python shuts
-down), nor a worker that has exited. Standard library only: the launcher imports no
-TensorFlow.
+down), nor a worker that has exited. A job stopped as hung ends with
+`worker_contract.HUNG` (124). Standard library only: the launcher imports no TensorFlow.
 """
 
 from __future__ import annotations
@@ -23,8 +23,6 @@ from strategykit.launcher.progress_file import HEARTBEAT_SECONDS, read
 
 DEFAULT_TIMEOUT = 300.0
 """Seconds without progress after which `strategykit launch` stops a job by default."""
-EXIT_CODE = 124
-"""The launcher's exit code for a job stopped as hung (as `timeout` reports one)."""
 _SILENT_SECONDS = 3 * HEARTBEAT_SECONDS  # a heartbeat this old: the process does not run
 EXITED = "exited"
 """The state `HangWatch.check` takes for a worker whose process has ended."""

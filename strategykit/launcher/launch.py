@@ -18,12 +18,12 @@ import tempfile
 import time
 from collections.abc import Sequence
 
-from strategykit.launcher import hang_watch, held_output, private_network, progress_file
-from strategykit.launcher.exit_codes import PREEMPTED
+from strategykit.launcher import hang_watch, held_output, private_network
 from strategykit.launcher.fault import blame
 from strategykit.launcher.orphan_guard import guarded
 from strategykit.launcher.preload import ForkedWorker, Preloader
 from strategykit.launcher.process_state import process_state
+from strategykit.launcher.worker_contract import HUNG, PREEMPTED, PROGRESS_FILE_VARIABLE
 from strategykit.launcher.worker_env import count, find_gpus, free_ports, gpu_assignment, worker_env
 from strategykit.launcher.worker_output import LineForwarder, Terminal, forward
 
@@ -73,7 +73,7 @@ def launch(command: Sequence[str], workers: int, restarts: int = 0, port: int | 
     `GRACE_SECONDS` (3 s) later; the launcher says on stderr which worker died and how,
     then starts the whole job again while restarts are left. SIGINT or SIGTERM to the
     launcher is passed on to every worker: with `sk.callbacks.BackupAndRestore`, they
-    back up the step they agree on and exit 42 (`exit_codes.PREEMPTED`); after
+    back up the step they agree on and exit 42 (`worker_contract.PREEMPTED`); after
     `PREEMPTION_GRACE_SECONDS` (60 s) what still runs gets SIGKILL. A worker that
     exits 42 by itself (it received SIGTERM) has the others stop after the same step;
     the launcher waits for them and restarts the job from that backup while restarts
@@ -230,7 +230,7 @@ def _run_job(command: list[str], attempt: int, ports: list[int], devices: list[s
     watch = hang_watch.HangWatch(paths, hang_timeout)
     try:
         for k, device in enumerate(devices):
-            env = {**worker_env(k, attempt, ports, device), progress_file.VARIABLE: paths[k]}
+            env = {**worker_env(k, attempt, ports, device), PROGRESS_FILE_VARIABLE: paths[k]}
             process = preloader.start(env) if preloader else _start(command, env, network_pid)
             processes.append(process)
             for stream in ("stdout", "stderr"):
@@ -269,7 +269,7 @@ def _run_job(command: list[str], attempt: int, ports: list[int], devices: list[s
     if hung is not None:
         terminal.note(f"{hung}; stopped the job.")
         held_output.set_aside_echoes(stderrs, None, _log_path(attempt), terminal)
-        return hang_watch.EXIT_CODE
+        return HUNG
     if stop.signal is not None:
         held_output.show(stderrs)
         terminal.note(f"received {signal.Signals(stop.signal).name}; stopped "

@@ -7,10 +7,11 @@ as a script: `python orphan_guard.py LAUNCHER_PID NETWORK COMMAND...`. It asks t
 kernel for SIGKILL when its parent dies (`prctl(PR_SET_PDEATHSIG)`), exits at once if the
 launcher is gone already, joins the job's private network (`private_network`; NETWORK is
 its keeper's pid, `-` for the machine's network), then becomes COMMAND (`os.execvp`: the
-same process, pid and process group; the request survives the exec). Run as a script it
-imports nothing of strategykit but its sibling `private_network`, so no TensorFlow: it
-adds a few milliseconds to a worker's start. Elsewhere than Linux the command runs as it
-is, unguarded.
+same process, pid and process group; the request survives the exec), or exits with
+one of `worker_contract`'s codes. Run as a script it imports nothing of strategykit but
+its siblings `private_network` and `worker_contract`, so no TensorFlow: it adds a few
+milliseconds to a worker's start. Elsewhere than Linux the command runs as it is,
+unguarded.
 
 Example:
     >>> import os
@@ -26,10 +27,6 @@ import sys
 
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 _SIGKILL = 9
-EXIT_LAUNCHER_GONE = 143
-"""The guard's exit code when the launcher died before the command started (as SIGTERM)."""
-EXIT_NO_NETWORK = 126
-"""The guard's exit code when the worker cannot join the job's private network."""
 
 
 def guarded(command: list[str], launcher_pid: int, network_pid: int | None = None) -> list[str]:
@@ -60,24 +57,27 @@ def die_with_parent() -> None:
 
 def main(argv: list[str]) -> None:
     """Sets the parent-death signal, joins the job's network, then becomes the command."""
+    # Run as a script: its siblings are top-level modules, no package (no TensorFlow).
+    from worker_contract import CANNOT_START, LAUNCHER_GONE, NO_PRIVATE_NETWORK
+
     launcher_pid, network, command = int(argv[0]), argv[1], argv[2:]
     die_with_parent()
     if os.getppid() != launcher_pid:  # the launcher died before the request was made
-        sys.exit(EXIT_LAUNCHER_GONE)
+        sys.exit(LAUNCHER_GONE)
     if network != "-":
-        from private_network import join  # run as a script: the sibling file, no package
+        from private_network import join
 
         try:
             join(int(network))
         except OSError as error:
             print(f"strategykit launch: {error.strerror or error}", file=sys.stderr)
-            sys.exit(EXIT_NO_NETWORK)
+            sys.exit(NO_PRIVATE_NETWORK)
     try:
         os.execvp(command[0], command)
     except OSError as error:
         print(f"strategykit launch: cannot start {command[0]!r}: {error.strerror}",
               file=sys.stderr)
-        sys.exit(127)
+        sys.exit(CANNOT_START)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import sys
 import traceback
 
 from strategykit.launcher import orphan_guard
+from strategykit.launcher.worker_contract import LAUNCHER_GONE
 
 _POLL_SECONDS = 0.05
 _REQUEST_BYTES = 1 << 20
@@ -66,7 +67,7 @@ def become_worker(request: dict, fds: list[int]) -> None:
     if sys.platform.startswith("linux"):  # as the server itself (`orphan_guard`)
         orphan_guard.die_with_parent()
         if os.getppid() != server:
-            os._exit(orphan_guard.EXIT_LAUNCHER_GONE)
+            os._exit(LAUNCHER_GONE)
     os.environ.clear()
     os.environ.update(request["env"])
     stdin = os.open(os.devnull, os.O_RDONLY)

@@ -1,6 +1,7 @@
 """A worker's progress as `strategykit launch` watches it: one small JSON file a worker.
 
-The launcher names each worker's file in the environment variable `VARIABLE`. The file
+The launcher names each worker's file in the environment variable
+`STRATEGYKIT_PROGRESS_FILE` (`worker_contract.PROGRESS_FILE_VARIABLE`). The file
 holds the worker's last completed training step (`epoch` and `step`, both counted from
 1 as Keras's progress bar shows them), when it made progress last (`progress`: a step
 or an evaluation batch) and when it last showed it is alive (`heartbeat`, written every
@@ -21,8 +22,6 @@ import os
 import threading
 import time
 
-VARIABLE = "STRATEGYKIT_PROGRESS_FILE"
-"""The environment variable naming a worker's progress file (set by the launcher)."""
 HEARTBEAT_SECONDS = 1.0
 """How often a worker writes its file."""
 
@@ -31,7 +30,7 @@ class ProgressFile:
     """The worker's side: records progress in memory, writes it with every heartbeat.
 
     Args:
-        path: the file to write (the launcher's `VARIABLE`).
+        path: the file to write (the launcher's `STRATEGYKIT_PROGRESS_FILE`).
 
     Example:
         >>> import os, tempfile

@@ -19,6 +19,8 @@ import socket
 import subprocess
 from collections.abc import Mapping, Sequence
 
+from strategykit.launcher.worker_contract import RESTART_VARIABLE, WORKER_VARIABLE
+
 
 def worker_env(worker: int, attempt: int, ports: Sequence[int], gpus: str | None,
                base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -41,7 +43,7 @@ def worker_env(worker: int, attempt: int, ports: Sequence[int], gpus: str | None
     task = {"type": "worker", "index": worker}
     env = {**(os.environ if base is None else base),
            "TF_CONFIG": json.dumps({"cluster": cluster, "task": task}),
-           "STRATEGYKIT_WORKER": str(worker), "STRATEGYKIT_RESTART": str(attempt)}
+           WORKER_VARIABLE: str(worker), RESTART_VARIABLE: str(attempt)}
     env.setdefault("PYTHONUNBUFFERED", "1")
     if gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpus

@@ -2,28 +2,17 @@
 
 from __future__ import annotations
 
-import itertools
-
 import tensorflow as tf
 
 from strategykit import upstream
-from strategykit.cluster import environments, progress_reporter, public_address, stall_watchdog
+from strategykit.cluster import environments, progress_reporter, public_address
 from strategykit.strategy import devices as _devices
+from strategykit.upstream import strategy_internals
 from strategykit.upstream.every_fit import add_to_every_fit
 
 CROSS_DEVICE_OPS = ("auto", "nccl", "hierarchical_copy", "reduce_to_one_device")
 """The valid string values of `cross_device_ops`."""
 
-# TensorFlow starts the collective group keys of every MirroredStrategy at 1. Two
-# strategies over different device sets in one process (a notebook cell re-run with
-# another replica count, a test suite) then join the same group with different sizes
-# and fail with "Device CPU:0 is joining a group with size 4, but that group has size
-# 2". MirroredStrategy reads its key base from the attribute `_collective_key_base` of
-# the strategy object when it is built; giving each strategy its own range of keys makes
-# them independent. This is the one place strategykit relies on a private TensorFlow
-# attribute; tests/test_strategy.py fails if upstream changes it.
-_COLLECTIVE_KEYS_PER_STRATEGY = 100_000
-_strategies_built = itertools.count(1)
 
 
 def mirrored(
@@ -97,7 +86,7 @@ def from_env(*, cross_device_ops: str | tf.distribute.CrossDeviceOps = "auto"):
        `job`, `trial` are understood; an `evaluator` task is an error naming the fix).
        It always wins.
     2. SLURM: a task of a job step of several tasks (`srun -n 4 python train.py`), one
-       worker per task over the step's nodes (`strategykit.cluster.slurm.slurm_resolver()`;
+       worker per task over the step's nodes (`strategykit.cluster.environments.slurm`;
        the tasks of a node listen on ports from `STRATEGYKIT_PORT`, default 8888).
     3. A Kubernetes JobSet or Indexed Job (`examples/kubernetes/`): the cluster from the
        pod's index, its hostname and `STRATEGYKIT_WORKERS`.
@@ -141,15 +130,14 @@ def from_env(*, cross_device_ops: str | tf.distribute.CrossDeviceOps = "auto"):
     `evaluate()` or `predict()` ends it with code 124, so a stuck job fails instead of
     waiting forever (`strategykit.cluster.stall_watchdog`).
     """
-    if progress_reporter.reporter() is not None:
-        add_to_every_fit(progress_reporter.reporter())
     environment = environments.detect()
     if environment.workers() <= 1:
+        _report_progress()
         return mirrored(cross_device_ops=cross_device_ops)
     options = _multi_worker_options(cross_device_ops)
     public_address.warn_if_public({"cluster": environment.task().cluster}, stacklevel=3)
     resolver = environment.resolver()
-    _watch_for_stalls(environment.worker_index())
+    _report_progress(environment.worker_index())
     upstream.install()
     return tf.distribute.MultiWorkerMirroredStrategy(
         cluster_resolver=resolver, communication_options=options
@@ -198,10 +186,12 @@ def _cross_device_ops(choice):
     return tf.distribute.ReductionToOneDevice()
 
 
-def _watch_for_stalls(worker: int) -> None:
-    """Without the launcher (which watches the job), each worker watches itself."""
-    if progress_reporter.reporter() is None:
-        add_to_every_fit(stall_watchdog.reporter(worker))
+def _report_progress(worker: int | None = None) -> None:
+    """Every fit reports its progress: to `strategykit launch` under it; else, on worker
+    `worker` of several, to the worker's own watch (`progress_reporter.reporter`)."""
+    maker = progress_reporter.reporter(worker)
+    if maker is not None:
+        add_to_every_fit(maker)
 
 
 def _multi_worker_options(choice) -> tf.distribute.experimental.CommunicationOptions:
@@ -219,7 +209,5 @@ def _multi_worker_options(choice) -> tf.distribute.experimental.CommunicationOpt
 
 def _build_mirrored(devices, cross_device_ops):
     upstream.install()  # strategykit's fixes of Keras/TF gaps (see strategykit/upstream/)
-    strategy = tf.distribute.MirroredStrategy.__new__(tf.distribute.MirroredStrategy)
-    strategy._collective_key_base = next(_strategies_built) * _COLLECTIVE_KEYS_PER_STRATEGY
-    strategy.__init__(devices=devices, cross_device_ops=cross_device_ops)
-    return strategy
+    # Collective keys of its own: strategies of several sizes live in one process.
+    return strategy_internals.mirrored_strategy(devices, cross_device_ops)

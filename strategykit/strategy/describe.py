@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from strategykit.cluster.environments import count_workers
 from strategykit.strategy import devices as _devices
+from strategykit.upstream import strategy_internals
 
 
 def describe(strategy: tf.distribute.Strategy | None = None) -> dict:
@@ -64,10 +66,7 @@ def _device_names(strategy) -> list[str]:
 
 def _count_workers(strategy) -> int:
     resolver = getattr(strategy, "cluster_resolver", None)
-    if resolver is None:
-        return 1
-    cluster = resolver.cluster_spec().as_dict()
-    return max(1, len(cluster.get("chief", [])) + len(cluster.get("worker", [])))
+    return 1 if resolver is None else count_workers(resolver.cluster_spec().as_dict())
 
 
 def _is_simulated(names: list[str]) -> bool:
@@ -80,15 +79,12 @@ def _is_simulated(names: list[str]) -> bool:
 
 
 def _all_reduce_name(strategy) -> str:
-    # TensorFlow has no public accessor for the all-reduce a strategy uses. This reads
-    # two private attributes of the strategy's `extended`, here and nowhere else;
-    # tests/test_describe.py fails if upstream renames them.
     if strategy.num_replicas_in_sync == 1 and not isinstance(
         strategy, tf.distribute.MultiWorkerMirroredStrategy
     ):
         return "none"
-    extended = strategy.extended
-    ops = getattr(extended, "_cross_device_ops", None)
+    # TensorFlow has no public accessor for it: strategykit.upstream reads it.
+    ops, options = strategy_internals.all_reduce_in_use(strategy)
     by_class = {
         tf.distribute.NcclAllReduce: "nccl",
         tf.distribute.HierarchicalCopyAllReduce: "hierarchical_copy",
@@ -97,7 +93,6 @@ def _all_reduce_name(strategy) -> str:
     for cls, name in by_class.items():
         if type(ops) is cls:
             return name
-    options = getattr(extended, "_communication_options", None)
     if options is None:
         return "unknown"
     return f"collective {options.implementation.name.lower()}"

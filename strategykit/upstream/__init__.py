@@ -1,8 +1,9 @@
 """Fixes for gaps in Keras 3 and TensorFlow, all in this one package.
 
-Each fix is a `Fix` (`fix.py`): the upstream issue it closes, what users lose without
-it, the private upstream code it relies on (with the fingerprints of that code on every
-Keras release of the supported range, `versions.py`), and the one attribute it replaces.
+Each fix is a `Fix` (`strategykit.pinning.fix`): the upstream issue it closes, what
+users lose without it, the private upstream code it relies on (with the fingerprints of
+that code on every Keras release of the supported range, `strategykit.pinning.versions`),
+and the one attribute it replaces.
 Before it replaces anything a fix compares those fingerprints with the installed code:
 on code it knows it installs (or, where upstream has fixed the gap, says it is not
 needed); on code it does not know it installs a guard that hands over to upstream's
@@ -20,52 +21,13 @@ every strategy strategykit builds or shards for;
 importing strategykit alone changes nothing in Keras. A fix that must replace several
 attributes is several `Fix` entries naming the same issue.
 
-Fixes, one module each:
-
-* `metric_variables`, keras-team/keras#21061: metric variables synchronized on read
-  under a strategy, as from Keras 3.10 (on Keras 3.8 and 3.9 they are mirrored, and the
-  metrics and loss Keras reports under several replicas are wrong).
-* `distributed_datasets`, keras-team/keras#20134: Keras 3.8's `fit()` takes the
-  datasets of `strategy.distribute_datasets_from_function` (as from Keras 3.9).
-* `log_values`, Keras before 3.12: a metric whose `result()` returns its variable is
-  reported as a number (not TensorFlow's `SyncOnReadVariable`).
-* `accumulation`, keras-team/keras#20582: `gradient_accumulation_steps` of any Keras
-  optimizer under a `tf.distribute` strategy, in `fit()` and in custom loops.
-* `multi_worker`, keras-team/keras#20585: `fit()`, `evaluate()` and `predict()` under a
-  `MultiWorkerMirroredStrategy` of several workers.
-* `worker_files`, keras-team/keras#20585: Keras's file-writing callbacks
-  (`ModelCheckpoint`, `CSVLogger`, `TensorBoard`) write only on the chief.
-* `exact_metrics`, tensorflow/tensorflow#39268: Keras's metrics and its `loss` over
-  the real examples of `sk.shard`'s padded final batch, with the user's weights.
-* `epoch_input`, tensorflow/tensorflow#67677: Keras reads `sk.shard` data through one
-  iterator for many epochs (and other distributed data through one iterator an epoch,
-  not two), never past an epoch's end.
-* `steps_per_execution`, keras-team/keras#19246: `steps_per_execution` > 1 under several
-  replicas, with all-reduces in the steps (synchronized batch norm, exact metrics).
-* `class_weights`, tensorflow/tensorflow#41290: `fit(class_weight=...)` of `sk.shard`
-  data, the class weights multiplied into its weights before it is distributed.
-* `replica_losses`: every replica's `add_loss` and activity-regularization terms count
-  (Keras keeps them on the layer, which the replicas share; no upstream issue found),
-  and activity regularizers sum to one device's term on Keras 3.8 to 3.13
-  (keras-team/keras#22018).
-* `reported_losses`: a loss that a custom `train_step` reports through a `Mean`
-  metric is one device's value, not 1/N of it (no upstream issue found).
-* `optimizer_build`, keras-team/keras#20164: an optimizer first built in a custom
-  `train_step` (a GAN's) under a strategy creates its variables out of the traced step.
-* `traceback_frames`: Keras hides strategykit's frames from tracebacks as its own (no
-  upstream issue).
-* `iterator_reaper`: deletes the iterators that are done with on a thread of its own
-  (TensorFlow's deletion can block for a minute); not a `Fix`.
-* `metric_state`: `sk.combine_across_replicas`, how a metric's state that is not a sum
-  combines across replicas (Keras only sums or averages it); not a `Fix`, used by
-  `exact_metrics`.
-* `step_count`: the steps Keras reads from a distributed dataset; not a `Fix` but
-  `state_steps`, which `sk.shard` applies to the datasets it makes.
-* `coordination`: the job's key-value store (TensorFlow's coordination service),
-  which `sk.callbacks.BackupAndRestore` agrees on a preemption step through.
-* `every_fit`: callbacks strategykit adds to every `fit()` (public API, no `Fix`).
-* `versions`: the TensorFlow and Keras releases supported and checked (plain data, for
-  the matrix, the docs and the run-time check).
+Each module's docstring says what it fixes or pins, its upstream issue and the versions
+it was checked on; `strategykit info` and docs/compatibility.md list them by feature.
+The `Fix`es replace an attribute each; the `PinnedAccess`es (`coordination`,
+`step_count`, `strategy_internals`, `dataset_inputs`) read, set or call private code
+without replacing it, and are checked the same way, once per process (both records:
+`strategykit.pinning`). Not pinned, public API only: `metric_state`
+(`sk.combine_across_replicas`).
 
 Example:
     >>> import keras, strategykit as sk
@@ -91,8 +53,11 @@ import tensorflow as tf
 from strategykit.upstream import (
     accumulation,
     class_weights,
+    coordination,
+    dataset_inputs,
     distributed_datasets,
     epoch_input,
+    every_fit,
     exact_metrics,
     log_values,
     metric_variables,
@@ -100,12 +65,13 @@ from strategykit.upstream import (
     optimizer_build,
     replica_losses,
     reported_losses,
+    step_count,
     steps_per_execution,
+    strategy_internals,
     traceback_frames,
     worker_files,
 )
-from strategykit.upstream.coordination import COORDINATION_RELIES_ON
-from strategykit.upstream.fix import (
+from strategykit.pinning.fix import (
     CHECKED_ON,
     Fix,
     UnknownUpstreamCode,
@@ -113,18 +79,23 @@ from strategykit.upstream.fix import (
     original,
     resolve,
 )
-from strategykit.upstream.step_count import STEPS_RELIES_ON, state_steps
+from strategykit.pinning.pinned_access import PinnedAccess
+from strategykit.upstream.step_count import state_steps
 
 FIXES = (*metric_variables.FIXES, *distributed_datasets.FIXES, *log_values.FIXES,
          *accumulation.FIXES, *multi_worker.FIXES, *worker_files.FIXES, *exact_metrics.FIXES,
          *epoch_input.FIXES, *steps_per_execution.FIXES, *replica_losses.FIXES,
          *reported_losses.FIXES, *optimizer_build.FIXES, *traceback_frames.FIXES,
-         *class_weights.FIXES)
+         *class_weights.FIXES, *every_fit.FIXES)
 """Every fix, in the order `install()` installs them."""
 
-__all__ = ["CHECKED_ON", "COORDINATION_RELIES_ON", "FIXES", "STEPS_RELIES_ON", "Fix",
-           "UnknownUpstreamCode", "UpstreamVersionWarning", "fingerprint", "install",
-           "original", "resolve", "state_steps", "status", "uninstall"]
+PINNED = (*coordination.PINNED, *step_count.PINNED, *strategy_internals.PINNED,
+          *dataset_inputs.PINNED)
+"""Every `PinnedAccess`: private code read, set or called without replacing it."""
+
+__all__ = ["CHECKED_ON", "FIXES", "PINNED", "Fix", "PinnedAccess", "UnknownUpstreamCode",
+           "UpstreamVersionWarning", "fingerprint", "install", "original", "resolve",
+           "state_steps", "status", "uninstall"]
 
 
 class UpstreamVersionWarning(UserWarning):
@@ -151,14 +122,15 @@ def install() -> None:
         True
     """
     unknown = [fix for fix in FIXES if not fix.install()]
+    unknown += [access for access in PINNED if not access.known()]
     if unknown and not _warned[0]:
         _warned[0] = True
 
-        def features(fixes) -> str:
-            return "; ".join(dict.fromkeys(fix.affects for fix in fixes))
+        def features(entries) -> str:
+            return "; ".join(dict.fromkeys(entry.affects for entry in entries))
 
-        refusing = [fix for fix in unknown if fix.refuses_when is not None]
-        as_upstream = [fix for fix in unknown if fix.refuses_when is None]
+        refusing = [entry for entry in unknown if _refuses(entry)]
+        as_upstream = [entry for entry in unknown if not _refuses(entry)]
         warnings.warn(
             f"strategykit was not checked on TensorFlow {tf.__version__} + Keras "
             f"{keras.__version__} (checked on: {CHECKED_ON}): private upstream code it "
@@ -172,6 +144,13 @@ def install() -> None:
             UpstreamVersionWarning, stacklevel=2)
 
 
+def _refuses(entry) -> bool:
+    """Whether a fix or pinned access refuses on unknown code (else upstream's own)."""
+    if isinstance(entry, PinnedAccess):
+        return entry.refuses
+    return entry.refuses_when is not None or entry.guard is not None
+
+
 def uninstall() -> None:
     """Removes every fix, restoring Keras and TensorFlow as they were (for tests)."""
     for fix in FIXES:
@@ -182,18 +161,23 @@ def status() -> list[dict]:
     """Each fix's state, as `strategykit info` lists it.
 
     Returns:
-        One dict per fix: `issue`, `affects`, `replaces` (the upstream attribute),
-        `state` (`"installed"`, `"not needed"`, `"refusing"`, `"upstream's own"` or
-        `"not installed"`, see `Fix.state`) and `unknown` (the upstream code that
+        One dict per fix and pinned access: `issue`, `affects`, `replaces` (the
+        upstream attribute; None for an access), `state` (`"installed"`, `"not
+        needed"`, `"refusing"`, `"upstream's own"` or `"not installed"`, see
+        `Fix.state`; `"checked"` for an access on the code pinned, see
+        `PinnedAccess.state`) and `unknown` (the upstream code that
         differs from what the fix was checked on, with its fingerprint: empty on a
         checked version).
 
     Example:
         >>> from strategykit import upstream
         >>> upstream.install()
-        >>> {entry["state"] for entry in upstream.status()} <= {"installed", "not needed"}
+        >>> states = {entry["state"] for entry in upstream.status()}
+        >>> states <= {"installed", "not needed", "checked"}
         True
     """
     return [{"issue": fix.issue, "affects": fix.affects,
              "replaces": f"{fix.owner}.{fix.attribute}", "state": fix.state(),
-             "unknown": fix.unknown_code()} for fix in FIXES]
+             "unknown": fix.unknown_code()} for fix in FIXES] + [
+        {"issue": access.issue, "affects": access.affects, "replaces": None,
+         "state": access.state(), "unknown": access.unknown_code()} for access in PINNED]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from strategykit.upstream.fix import Fix, by_fingerprint, original, resolve
+from strategykit.pinning.fix import Fix, by_fingerprint, original, resolve
 
 # Every micro-step all-reduces its gradients (True), or each replica accumulates its own
 # and the sums are all-reduced once per update (False, the default; see the fix below).

@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import weakref
 
-from strategykit.upstream.fix import Fix, original, resolve
+from strategykit.pinning.fix import Fix, original, resolve
 
 _ADAPTERS = "keras.src.trainers.data_adapters"
 _TF_ADAPTER = f"{_ADAPTERS}.tf_dataset_adapter"

@@ -6,8 +6,8 @@ handler (`tf.distribute.experimental.PreemptionCheckpointHandler`) agrees on a s
 through it, but that handler saves `tf.train.Checkpoint`s, supports one handler per
 program and does nothing on GCP CPU machines, so `sk.callbacks.BackupAndRestore` runs
 the same agreement itself (`strategykit.callbacks.preemption`). The store has no public
-API: these two functions call the eager context's methods, pinned by fingerprint
-(tests/upstream/test_upstream.py). Checked on TensorFlow 2.21.0.
+API: these two functions call the eager context's methods, a `PinnedAccess` (pinned
+on TensorFlow 2.18.1, 2.20.0 and 2.21.0; on unknown code they refuse).
 """
 
 from __future__ import annotations
@@ -15,10 +15,17 @@ from __future__ import annotations
 import tensorflow as tf
 from tensorflow.python.eager import context
 
-COORDINATION_RELIES_ON = {
-    "tensorflow.python.eager.context:Context.set_config_key_value": "b3c27a62ad85bd20",
-    "tensorflow.python.eager.context:Context.get_config_key_value": "4d8db85cf91ec3ef",
-}
+from strategykit.pinning.pinned_access import PinnedAccess
+
+COORDINATION = PinnedAccess(
+    issue="tensorflow/tensorflow (unreported)",
+    affects="BackupAndRestore's agreement on a preemption step across workers",
+    relies_on={"tensorflow.python.eager.context:Context.set_config_key_value":
+                   "b3c27a62ad85bd20",
+               "tensorflow.python.eager.context:Context.get_config_key_value":
+                   "4d8db85cf91ec3ef"},
+    refuses=True)
+PINNED = (COORDINATION,)
 
 
 def set_key(key: str, value: str) -> bool:
@@ -26,7 +33,11 @@ def set_key(key: str, value: str) -> bool:
 
     Returns:
         True, or False when a worker has set it already.
+
+    Raises:
+        UnknownUpstreamCode: where TensorFlow's code is not the code pinned.
     """
+    COORDINATION.require()
     try:
         context.context().set_config_key_value(key, value)
     except tf.errors.AlreadyExistsError:
@@ -35,5 +46,10 @@ def set_key(key: str, value: str) -> bool:
 
 
 def wait_for_key(key: str) -> str:
-    """The value of `key`, waiting until some worker sets it."""
+    """The value of `key`, waiting until some worker sets it.
+
+    Raises:
+        UnknownUpstreamCode: where TensorFlow's code is not the code pinned.
+    """
+    COORDINATION.require()
     return context.context().get_config_key_value(key)

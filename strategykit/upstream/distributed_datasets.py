@@ -12,7 +12,7 @@ where Keras knows it.
 
 from __future__ import annotations
 
-from strategykit.upstream.fix import Fix, original, resolve
+from strategykit.pinning.fix import Fix, original, resolve
 
 _ADAPTERS = "keras.src.trainers.data_adapters"
 

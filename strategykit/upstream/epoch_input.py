@@ -5,7 +5,7 @@ Keras's `TFEpochIterator` (`keras/src/trainers/epoch_iterator.py`), when `fit()`
 when it knows the number of steps, another at the end of every epoch, which the next
 epoch throws away. Under several replicas an iterator of a distributed dataset costs 0.2
 to 0.5 s to start (more than a small model's epoch) and blocks the thread that deletes
-it for up to a minute (`strategykit.upstream.iterator_reaper`). Upstream,
+it for up to a minute (`strategykit.background.iterator_reaper`). Upstream,
 tensorflow/tensorflow#67677 proposed keeping the first iterator (closed unmerged, sent to
 keras-team/keras); checked on Keras 3.8.0 to 3.15.1. The fix replaces
 `TFEpochIterator._enumerate_iterator`, which yields each execution's `(first step, last
@@ -35,8 +35,9 @@ from __future__ import annotations
 import weakref
 
 from strategykit.cluster.roles import is_multi_worker
-from strategykit.upstream import iterator_reaper, steps_per_execution
-from strategykit.upstream.fix import Fix, by_fingerprint, original, resolve
+from strategykit.background import iterator_reaper
+from strategykit.upstream import steps_per_execution
+from strategykit.pinning.fix import Fix, by_fingerprint, original, resolve
 
 _EPOCH_ITERATOR = "keras.src.backend.tensorflow.trainer:TFEpochIterator"
 _SOURCES = weakref.WeakKeyDictionary()

@@ -1,21 +1,25 @@
 """Callbacks strategykit adds to every `fit()`, `evaluate()` and `predict()`.
 
 Keras has no public place for a callback that every fit should get: each builds its
-`keras.callbacks.CallbackList` from the user's list. `add_to_every_fit(make)` wraps
-`CallbackList.__init__` (public API, once) so that each list built from then on also
-holds `make()`, unless it holds one of that class already. strategykit uses it for the
-training position of its datasets (`strategykit.data.position`) and, under
-`strategykit launch`, for each worker's progress (`strategykit.cluster.progress_reporter`).
-The callbacks it adds are `async_safe`, so Keras dispatches the user's callbacks as it
-would without them.
+`keras.callbacks.CallbackList` from the user's list. `add_to_every_fit(make)` makes each
+list built from then on also hold `make()`, unless it holds one of that class already,
+through a `Fix` of `CallbackList.__init__` (no upstream issue: Keras has no such hook),
+pinned to the `__init__` it calls on every Keras release of the range. strategykit uses
+it for the training position of its datasets (`strategykit.data.position`) and, under
+`strategykit launch`, for each worker's progress (`strategykit.cluster`). The callbacks
+it adds are `async_safe`, so Keras dispatches the user's callbacks as it would without
+them. On a Keras whose `CallbackList.__init__` it does not know, a fit that should get
+one of these callbacks refuses (`UnknownUpstreamCode`) rather than run without it.
 """
 
 from __future__ import annotations
 
 import keras
 
+from strategykit.pinning.fix import Fix, original
+
 _MAKERS: list = []  # functions returning a callback, in the order they were added
-_ORIGINAL_INIT = keras.callbacks.CallbackList.__init__
+_CALLBACK_LIST = "keras.src.callbacks.callback_list:CallbackList"
 
 
 def add_to_every_fit(make) -> None:
@@ -24,6 +28,10 @@ def add_to_every_fit(make) -> None:
     Args:
         make: a function of no arguments returning a `keras.callbacks.Callback`; a
             class works. Adding the same `make` again does nothing.
+
+    Raises:
+        UnknownUpstreamCode: from `fit()`, where Keras's `CallbackList.__init__` is not
+            one strategykit was checked on.
 
     Example:
         >>> import keras
@@ -36,20 +44,20 @@ def add_to_every_fit(make) -> None:
     """
     if make not in _MAKERS:
         _MAKERS.append(make)
-    keras.callbacks.CallbackList.__init__ = _init_with_added
+    for fix in FIXES:
+        fix.install()
 
 
 def remove_from_every_fit(make) -> None:
-    """Undoes `add_to_every_fit(make)`; Keras's own `__init__` returns with the last."""
+    """Undoes `add_to_every_fit(make)`: lists built from now on do not hold `make()`."""
     if make in _MAKERS:
         _MAKERS.remove(make)
-    if not _MAKERS:
-        keras.callbacks.CallbackList.__init__ = _ORIGINAL_INIT
 
 
 def _init_with_added(self, callbacks=None, add_history=False, add_progbar=False, model=None,
                      **params):
-    _ORIGINAL_INIT(self, callbacks, add_history, add_progbar, model, **params)
+    original(keras.callbacks.CallbackList, "__init__")(self, callbacks, add_history,
+                                                       add_progbar, model, **params)
     for make in _MAKERS:
         callback = make()
         if not any(type(existing) is type(callback) for existing in self.callbacks):
@@ -57,3 +65,14 @@ def _init_with_added(self, callbacks=None, add_history=False, add_progbar=False,
                 callback.set_model(model)
             callback.set_params(params)
             self.callbacks.append(callback)
+
+
+FIXES = (
+    Fix(issue="keras-team/keras (unreported)",
+        affects="strategykit's callbacks in every fit() (the training position of "
+                "sk.shard data, each worker's progress under strategykit launch)",
+        owner=_CALLBACK_LIST, attribute="__init__", replacement=_init_with_added,
+        relies_on={f"{_CALLBACK_LIST}.__init__": ("d60508a5b7989a7a",  # Keras 3.8-3.11
+                                                  "5d0d38afece9158a")},  # Keras 3.12-3.15
+        refuses_when=lambda *args, **kwargs: bool(_MAKERS)),
+)

@@ -44,7 +44,7 @@ import weakref
 import tensorflow as tf
 
 from strategykit.upstream import metric_state, steps_per_execution
-from strategykit.upstream.fix import Fix, original, resolve
+from strategykit.pinning.fix import Fix, original, resolve
 
 ISSUE = "tensorflow/tensorflow#39268"
 _TRAINER = "keras.src.trainers.trainer:Trainer"

@@ -16,7 +16,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from strategykit.upstream.fix import Fix, original, resolve
+from strategykit.pinning.fix import Fix, original, resolve
 
 _PYTHON_UTILS = "keras.src.utils.python_utils"
 

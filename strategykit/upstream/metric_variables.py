@@ -25,7 +25,7 @@ import threading
 
 import tensorflow as tf
 
-from strategykit.upstream.fix import Fix, original, resolve
+from strategykit.pinning.fix import Fix, original, resolve
 
 ISSUE = "keras-team/keras#21061"
 _METRIC = "keras.src.metrics.metric:Metric"

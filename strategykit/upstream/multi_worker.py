@@ -38,7 +38,7 @@ import tensorflow as tf
 
 from strategykit.cluster.roles import is_multi_worker
 from strategykit.upstream import epoch_input, steps_per_execution
-from strategykit.upstream.fix import Fix, original, resolve
+from strategykit.pinning.fix import Fix, original, resolve
 
 _TRAINER_MODULE = "keras.src.backend.tensorflow.trainer"
 _TRAINER = f"{_TRAINER_MODULE}:TensorFlowTrainer"

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from strategykit.upstream.fix import Fix, original, resolve
+from strategykit.pinning.fix import Fix, original, resolve
 
 _BASE_OPTIMIZER = "keras.src.optimizers.base_optimizer:BaseOptimizer"
 

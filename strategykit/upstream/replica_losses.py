@@ -40,7 +40,7 @@ import weakref
 
 import tensorflow as tf
 
-from strategykit.upstream.fix import Fix, UnknownUpstreamCode
+from strategykit.pinning.fix import Fix, UnknownUpstreamCode
 
 _LAYER = "keras.src.layers.layer:Layer"
 _per_thread = threading.local()  # MirroredStrategy traces each replica in its own thread

@@ -35,7 +35,7 @@ import threading
 
 import tensorflow as tf
 
-from strategykit.upstream.fix import Fix, original, resolve
+from strategykit.pinning.fix import Fix, original, resolve
 from strategykit.upstream.replica_losses import several_replicas_tracing
 
 _LOSS_MODULE = "keras.src.losses.loss"

@@ -28,7 +28,7 @@ import contextlib
 
 import tensorflow as tf
 
-from strategykit.upstream.fix import Fix, original, resolve
+from strategykit.pinning.fix import Fix, original, resolve
 
 ISSUE = "keras-team/keras#19246"
 _TRAINER_MODULE = "keras.src.backend.tensorflow.trainer"

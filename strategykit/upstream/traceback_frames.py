@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 
-from strategykit.upstream.fix import Fix, original, resolve
+from strategykit.pinning.fix import Fix, original, resolve
 
 _TRACEBACK_UTILS = "keras.src.utils.traceback_utils"
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from strategykit.cluster.chief_files import writable_path
 from strategykit.cluster.roles import is_multi_worker
-from strategykit.upstream.fix import Fix, original, resolve
+from strategykit.pinning.fix import Fix, original, resolve
 
 _CALLBACKS = "keras.src.callbacks"
 # The callbacks that write files: the attribute holding the path each writes to, and the

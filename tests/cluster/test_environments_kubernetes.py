@@ -137,7 +137,7 @@ WORKERS_FIX = re.escape("Add env STRATEGYKIT_WORKERS: '2' (the Job's completions
      r"\(clusterIP: None\) selecting the job's pods, or add env STRATEGYKIT_SERVICE: "
      r"'<that name>' to the container\."),
     (indexed_pod(0, 2, STRATEGYKIT_PORT="http"),
-     r"STRATEGYKIT_PORT must be a port from 1 to 65535\. Received: STRATEGYKIT_PORT='http'\. "
+     r"STRATEGYKIT_PORT must be an integer from 1 to 65535\. Received: STRATEGYKIT_PORT='http'\. "
      r"Use the containerPort of the manifest, e.g\. '8888'\."),
     (indexed_pod(0, 2, STRATEGYKIT_PORT="70000"), r"Received: STRATEGYKIT_PORT='70000'\."),
 ], ids=["no-workers", "workers-not-a-number", "no-worker", "index-too-high",

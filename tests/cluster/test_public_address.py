@@ -129,7 +129,7 @@ def test_from_env_warns_from_the_callers_line_before_it_starts_the_workers(monke
 
     monkeypatch.setenv("TF_CONFIG", json.dumps(tf_config(worker=["8.8.8.8:2222",
                                                                 "10.0.0.2:2222"])))
-    monkeypatch.setattr(build, "_watch_for_stalls", stop)
+    monkeypatch.setattr(build, "_report_progress", stop)
     with pytest.warns(UserWarning, match=r"worker 0 at 8\.8\.8\.8:2222\. ") as record:
         with pytest.raises(Stopped):
             sk.from_env()

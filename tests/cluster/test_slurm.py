@@ -14,7 +14,8 @@ import pytest
 import tensorflow as tf
 
 import strategykit as sk
-from strategykit.cluster import slurm
+from strategykit.cluster.environments import slurm
+from strategykit.cluster.environments.port import PORT_VARIABLE
 from strategykit.cluster.roles import is_chief, worker_index
 
 from workers import run_processes
@@ -29,7 +30,7 @@ def outside_slurm(monkeypatch, tmp_path):
     for name in list(os.environ):
         if name.startswith(("SLURM_", "SLURMD_")):
             monkeypatch.delenv(name)
-    for name in ("TF_CONFIG", "CUDA_VISIBLE_DEVICES", slurm.PORT_VARIABLE):
+    for name in ("TF_CONFIG", "CUDA_VISIBLE_DEVICES", PORT_VARIABLE):
         monkeypatch.delenv(name, raising=False)
     empty = tmp_path / "empty_bin"
     empty.mkdir()
@@ -131,7 +132,7 @@ def test_resolver_of_four_tasks_on_two_nodes(monkeypatch, scontrol):
 def test_every_task_gets_its_own_address_on_a_shared_node(monkeypatch, scontrol, procid):
     scontrol(["localhost"])
     slurm_step(monkeypatch, procid=procid, tasks=2, nodelist="localhost", tasks_per_node="2")
-    monkeypatch.setenv(slurm.PORT_VARIABLE, "23456")
+    monkeypatch.setenv(PORT_VARIABLE, "23456")
     resolver = slurm.slurm_resolver()
     assert resolver.cluster_spec().as_dict() == {
         "worker": ["localhost:23456", "localhost:23457"]
@@ -142,7 +143,7 @@ def test_every_task_gets_its_own_address_on_a_shared_node(monkeypatch, scontrol,
 def test_port_argument_wins_over_the_environment(monkeypatch, scontrol):
     scontrol(["a", "b"])
     slurm_step(monkeypatch, procid=0, tasks=2, nodelist="a,b", tasks_per_node="1(x2)")
-    monkeypatch.setenv(slurm.PORT_VARIABLE, "23456")
+    monkeypatch.setenv(PORT_VARIABLE, "23456")
     assert slurm.slurm_resolver(port=30000).cluster_spec().as_dict() == {
         "worker": ["a:30000", "b:30000"]
     }
@@ -152,7 +153,7 @@ def test_port_argument_wins_over_the_environment(monkeypatch, scontrol):
 def test_a_bad_port_is_named(monkeypatch, scontrol, raw):
     scontrol(["localhost"])
     slurm_step(monkeypatch, procid=0, tasks=2, nodelist="localhost", tasks_per_node="2")
-    monkeypatch.setenv(slurm.PORT_VARIABLE, raw)
+    monkeypatch.setenv(PORT_VARIABLE, raw)
     with pytest.raises(
         ValueError,
         match=rf"must be an integer from 1 to 65534 \(the 2 task\(s\) on a node use it .*\)\. "
@@ -168,7 +169,7 @@ def test_building_the_resolver_does_not_start_tensorflow(run_python, tmp_path):
     result = run_python(
         """
         import tensorflow as tf
-        from strategykit.cluster import slurm
+        from strategykit.cluster.environments import slurm
         resolver = slurm.slurm_resolver()
         resolver.cluster_spec()
         cpu = tf.config.list_physical_devices("CPU")[0]
@@ -293,7 +294,7 @@ def test_more_tasks_than_gpus_on_a_node_says_how_to_fix_it(monkeypatch, scontrol
 
 
 def test_upstream_still_cannot_resolve_a_node_without_gpus(monkeypatch):
-    # Why slurm.py builds CPU workers itself (_CpuSlurmClusterResolver): when this fails,
+    # Why slurm_nodes.py builds CPU workers itself (CpuSlurmClusterResolver): when this fails,
     # TensorFlow handles nodes without GPUs and that class can go.
     slurm_step(monkeypatch, procid=0, tasks=2, nodelist="n[1-2]", tasks_per_node="1(x2)")
     with pytest.raises(FileNotFoundError):  # nvidia-smi is not on PATH
@@ -426,7 +427,7 @@ def test_two_slurm_tasks_all_reduce_across_processes(tmp_path):
             and name not in ("TF_CONFIG", "CUDA_VISIBLE_DEVICES")}
     base.update({
         "PATH": f"{directory}{os.pathsep}{_PATH}",
-        "TF_CPP_MIN_LOG_LEVEL": "2", slurm.PORT_VARIABLE: str(port),
+        "TF_CPP_MIN_LOG_LEVEL": "2", PORT_VARIABLE: str(port),
         "SLURM_STEP_NUM_TASKS": "2", "SLURM_NTASKS": "2", "SLURM_STEP_NODELIST": "localhost",
         "SLURM_STEP_TASKS_PER_NODE": "2", "SLURM_STEP_NUM_NODES": "1", "SLURM_NODEID": "0",
         "SLURMD_NODENAME": "localhost", "SLURM_JOB_ID": "1234", "SLURM_STEP_ID": "0",

@@ -89,25 +89,25 @@ def test_the_watch_fires_only_inside_a_call_after_its_first_step():
     watch, _ = _watch()
     watch._thread = object()  # no thread: the test calls check itself
     assert watch.check(now=1e12) is None  # no call running
-    watch.begin()
+    watch.enter_call()
     assert watch.check(now=1e12) is None  # started, no step yet: tracing never counts
-    watch.progress("last step 3 of epoch 2")
+    watch.record(epoch=2, step=3)
     now = time.time()
     assert watch.check(now + 4) is None
     assert watch.check(now + 6).startswith(
         "strategykit: worker 1 made no progress for 5 s (last step 3 of epoch 2)")
-    watch.begin()  # validation inside fit
-    watch.end()
+    watch.enter_call()  # validation inside fit
+    watch.leave_call()
     assert watch.check(now + 6) is not None
-    watch.end()  # fit returned: your own code after it is never cut short
+    watch.leave_call()  # fit returned: your own code after it is never cut short
     assert watch.check(now + 600) is None
 
 
 def test_a_timeout_of_zero_turns_the_watch_off():
     watch, _ = _watch(timeout=0)
     watch._thread = object()
-    watch.begin()
-    watch.progress()
+    watch.enter_call()
+    watch.record()
     assert watch.check(now=time.time() + 1e6) is None
 
 

@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 import strategykit as sk
-from strategykit.strategy import build as strategy_module
+from strategykit.upstream import strategy_internals
 
 from conftest import cpu_devices
 from workers import run_workers
@@ -61,13 +61,13 @@ def test_fit_works_on_strategies_of_different_sizes_in_one_process():
 
 
 def test_each_strategy_gets_its_own_collective_key_range():
-    # Fails if TensorFlow stops reading `_collective_key_base` from the strategy object,
-    # the one private attribute strategy.py relies on.
+    # Fails if TensorFlow stops reading `_collective_key_base` from the strategy object
+    # (strategykit.upstream.strategy_internals).
     first, second = sk.mirrored(cpu_devices(2)), sk.mirrored(cpu_devices(2))
     first_base = first.extended._collective_key_base
     second_base = second.extended._collective_key_base
     assert first_base != second_base
-    assert first_base % strategy_module._COLLECTIVE_KEYS_PER_STRATEGY == 0
+    assert first_base % strategy_internals.KEYS_PER_STRATEGY == 0
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,8 @@ import pytest
 from tensorflow.python.distribute import input_lib
 
 import strategykit as sk
-from strategykit.upstream import epoch_input, iterator_reaper
+from strategykit.background import iterator_reaper
+from strategykit.upstream import epoch_input
 
 from conftest import bn_regressor, restorer
 
@@ -242,7 +243,7 @@ def test_at_exit_the_deletion_in_progress_ends_and_the_others_are_left_to_the_os
     # wait up to a minute on tf.data's threads. Exactly one of the three is deleted.
     run_python(f"""
         import time
-        from strategykit.upstream import iterator_reaper
+        from strategykit.background import iterator_reaper
 
         class SlowToDelete:
             def __init__(self, name):

@@ -1,17 +1,20 @@
 """The upstream fixes module: each fix named, idempotent, removable, and pinned to the
 upstream code it relies on (so a Keras or TensorFlow upgrade fails here, not for users).
 
-What each fix does is tested by the tests of its feature (tests/test_accumulation.py
+What each fix does is tested by the tests of its feature (tests/upstream/test_accumulation.py
 for keras-team/keras#20582).
 """
 
 import re
 
 import keras
+import numpy as np
 import pytest
 import tensorflow as tf
 
+import strategykit as sk
 from strategykit import upstream
+from strategykit.pinning import pinned_access
 
 
 @pytest.mark.parametrize("fix", upstream.FIXES, ids=lambda fix: f"{fix.issue}:{fix.attribute}")
@@ -85,15 +88,53 @@ def test_tensorflow_cannot_count_a_pass_started_at_the_training_position(make_st
     assert int(ds.cardinality) == 2 == len(list(ds))
 
 
-@pytest.mark.parametrize("name", sorted(upstream.STEPS_RELIES_ON))
-def test_the_step_count_relies_on_the_code_it_was_checked_on(name):
-    assert upstream.fingerprint(name) == upstream.STEPS_RELIES_ON[name], (
-        f"TensorFlow changed {name}: check count_steps_not_batches in "
-        "strategykit/upstream/step_count.py against it, then update STEPS_RELIES_ON.")
+@pytest.mark.parametrize("access", upstream.PINNED, ids=lambda access: access.affects)
+def test_private_code_read_or_called_is_what_it_was_checked_on(access):
+    changed = access.unknown_code()
+    assert not changed, (
+        f"TensorFlow {tf.__version__} + Keras {keras.__version__} changed private code that "
+        f"strategykit reads, sets or calls for {access.affects!r}: {sorted(changed)}. Check "
+        "its module in strategykit/upstream/ against the new code, then add these "
+        f"fingerprints to its PinnedAccess: {changed}.")
+    assert re.fullmatch(r"[\w.-]+/[\w.-]+(#\d+|@\d+\.\d+\.\d+| \(unreported\))",
+                        access.issue)
 
 
-@pytest.mark.parametrize("name", sorted(upstream.COORDINATION_RELIES_ON))
-def test_the_coordination_store_is_as_checked(name):
-    assert upstream.fingerprint(name) == upstream.COORDINATION_RELIES_ON[name], (
-        f"TensorFlow changed {name}: check strategykit/upstream/coordination.py against "
-        "it, then update COORDINATION_RELIES_ON.")
+def _unknown(access, monkeypatch):
+    """`access` as on a TensorFlow whose code differs from every pinned fingerprint."""
+    name = next(iter(access.relies_on))
+    monkeypatch.setitem(pinned_access._FOUND, access, {name: "0123456789abcdef"})
+    monkeypatch.setattr(upstream, "_warned", [False])  # this test's warning, not others'
+
+
+def test_on_unknown_code_a_refusing_access_raises_naming_what_and_the_fix(monkeypatch):
+    from strategykit.upstream import coordination
+    _unknown(coordination.COORDINATION, monkeypatch)
+    with pytest.raises(upstream.UnknownUpstreamCode,
+                       match=r"cannot make BackupAndRestore's agreement .* relies on private "
+                             r"upstream code .*set_config_key_value.* pip install"):
+        coordination.set_key("strategykit-test", "1")
+    assert coordination.COORDINATION.state() == "refusing"
+
+
+def test_on_unknown_code_strategies_build_as_tensorflow_builds_them(monkeypatch):
+    from strategykit.upstream import strategy_internals
+    _unknown(strategy_internals.COLLECTIVE_KEYS, monkeypatch)
+    _unknown(strategy_internals.ALL_REDUCE, monkeypatch)
+    strategy = strategy_internals.mirrored_strategy(["/cpu:0", "/cpu:1"], None)
+    assert strategy.extended._collective_key_base == 0  # TensorFlow's own
+    assert strategy_internals.all_reduce_in_use(strategy) == (None, None)
+    assert sk.describe(strategy)["all_reduce"] == "unknown"
+    assert {entry["state"] for entry in upstream.status() if entry["replaces"] is None} == {
+        "checked", "upstream's own"}
+
+
+def test_on_unknown_code_shard_says_so_once_and_refuses_where_steps_would_differ(
+        monkeypatch):
+    from strategykit.upstream import step_count
+    _unknown(step_count.STEPS, monkeypatch)
+    with pytest.warns(upstream.UpstreamVersionWarning, match="these refuse with an error "
+                      "when used: the steps of an epoch of sk.shard data"):
+        strategy = sk.mirrored(replicas=2)
+    with pytest.raises(upstream.UnknownUpstreamCode, match="the steps of an epoch"):
+        sk.shard(np.arange(8.0), strategy, global_batch_size=4)

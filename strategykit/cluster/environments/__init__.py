@@ -4,9 +4,15 @@
 `TF_CONFIG` (written by `strategykit launch`, Ray Train, Vertex AI, SageMaker, Azure ML
 or by hand; it always wins), a SLURM job step of several tasks, a Kubernetes JobSet, a
 Kubernetes Indexed Job, else one machine. Each answers the same questions
-(`base.Environment`): who is this worker, how many are there, how TensorFlow reaches
-them. `sk.from_env()` builds its strategy from it; `sk.is_chief()` and
-`strategykit.cluster.roles.worker_index()` read it; `strategykit info` names it.
+(`base.Environment`): who is this worker, how many are there (`count_workers`), which
+is it in the job (`worker_position`), how TensorFlow reaches them. `sk.from_env()`
+builds its strategy from it; `sk.is_chief()` and `strategykit.cluster.roles.worker_index()`
+read it; `strategykit info` names it.
+
+Besides one module per environment (`tf_config`, `slurm`, `kubernetes_job`, `jobset`,
+`one_machine`): `base` (the interface, and the counting of workers), `port`
+(`STRATEGYKIT_PORT`, which SLURM and Kubernetes share) and `slurm_nodes` (a SLURM
+step's nodes, for `slurm`).
 
 Example:
     >>> detect({}).describe()  # no TF_CONFIG, no srun, no Kubernetes Job
@@ -17,7 +23,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from strategykit.cluster.environments.base import Environment, Task
+from strategykit.cluster.environments.base import (
+    Environment,
+    Task,
+    count_workers,
+    worker_position,
+)
 from strategykit.cluster.environments.jobset import JobSet
 from strategykit.cluster.environments.kubernetes_job import KubernetesIndexedJob
 from strategykit.cluster.environments.one_machine import OneMachine
@@ -28,8 +39,8 @@ ENVIRONMENTS: tuple[type[Environment], ...] = (TFConfig, Slurm, JobSet, Kubernet
 """The environments `detect` tries, in order, before one machine."""
 
 __all__ = [
-    "ENVIRONMENTS", "Environment", "JobSet", "KubernetesIndexedJob", "OneMachine", "Task",
-    "detect",
+    "ENVIRONMENTS", "Environment", "JobSet", "KubernetesIndexedJob", "OneMachine", "Slurm",
+    "TFConfig", "Task", "count_workers", "detect", "worker_position",
 ]
 
 

@@ -7,7 +7,7 @@ it is reachable as `<job>-<k>.<subdomain>`. Kubernetes tells a pod neither the n
 pods nor TensorFlow's cluster, so the manifest adds `STRATEGYKIT_WORKERS` (the Job's
 `completions`), and the cluster is built from these: worker k at
 `<job>-<k>.<subdomain>:<port>`, worker 0 the chief, the port `STRATEGYKIT_PORT` (default
-8888) in every pod. `examples/kubernetes/indexed-job.yaml` is such a job.
+8888, `port`) in every pod. `examples/kubernetes/indexed-job.yaml` is such a job.
 
 The functions here read the variables both Kubernetes environments share; `jobset.py`
 builds on them. The subdomain is `STRATEGYKIT_SERVICE` when set, else the domain of the
@@ -22,7 +22,7 @@ import socket
 from collections.abc import Mapping, Sequence
 
 from strategykit.cluster.environments.base import Environment, Task
-from strategykit.cluster.slurm import DEFAULT_PORT, PORT_VARIABLE
+from strategykit.cluster.environments.port import DEFAULT_PORT, read_port
 
 INDEX_VARIABLE = "JOB_COMPLETION_INDEX"
 """Set by Kubernetes in every pod of an Indexed Job: the pod's index in its Job."""
@@ -124,15 +124,8 @@ def subdomain(environ: Mapping[str, str]) -> str:
 
 
 def port(environ: Mapping[str, str]) -> int:
-    """`STRATEGYKIT_PORT`, the port every pod listens on; default 8888."""
-    raw = environ.get(PORT_VARIABLE, "").strip()
-    if not raw:
-        return DEFAULT_PORT
-    if not raw.isdecimal() or not 1 <= int(raw) <= 65535:
-        raise ValueError(
-            f"{PORT_VARIABLE} must be a port from 1 to 65535. Received: {PORT_VARIABLE}="
-            f"{raw!r}. Use the containerPort of the manifest, e.g. '{DEFAULT_PORT}'.")
-    return int(raw)
+    """`STRATEGYKIT_PORT`, the port every pod listens on; default 8888 (`port.read_port`)."""
+    return read_port(environ, fix=f"Use the containerPort of the manifest, e.g. '{DEFAULT_PORT}'.")
 
 
 def pods_task(environ: Mapping[str, str], rank: int, hostnames: Sequence[str]) -> Task:

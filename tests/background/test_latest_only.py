@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from strategykit.callbacks.latest_only import LatestOnly
+from strategykit.background.latest_only import LatestOnly
 
 
 def test_a_value_waiting_is_replaced_by_a_newer_one():

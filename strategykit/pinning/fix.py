@@ -2,7 +2,7 @@
 
 Before a fix replaces anything it compares the fingerprints of the private upstream code
 it relies on with those pinned on the versions it was checked on
-(`strategykit.upstream.versions`). On code it knows it installs its replacement. On code
+(`strategykit.pinning.versions`). On code it knows it installs its replacement. On code
 it does not know (a newer Keras, a patched TensorFlow) it does not guess: it installs a
 guard instead, which hands over to upstream's own code everywhere except where the fix
 was needed (`refuses_when`), and there raises `UnknownUpstreamCode`, which names the
@@ -22,7 +22,7 @@ from collections.abc import Callable
 import keras
 import tensorflow as tf
 
-from strategykit.upstream import versions
+from strategykit.pinning import versions
 
 CHECKED_ON = versions.describe_checked_on()
 
@@ -85,11 +85,11 @@ class Fix:
         """`{name: what is found}` of the code relied on that differs from every pinned
         fingerprint (`"missing"` where it is gone); empty on code the fix knows, and
         where the fix is not needed."""
-        return {} if self.not_needed() else _differing(self.relies_on)
+        return {} if self.not_needed() else differing(self.relies_on)
 
     def not_needed(self) -> bool:
         """Whether upstream's code does what the fix does (`fixed_upstream`)."""
-        return bool(self.fixed_upstream) and not _differing(self.fixed_upstream)
+        return bool(self.fixed_upstream) and not differing(self.fixed_upstream)
 
     def installed(self) -> bool:
         """Whether the replacement is in place (not the guard, not upstream's own)."""
@@ -152,16 +152,7 @@ class Fix:
 
     def refusal(self) -> str:
         """The message of the `UnknownUpstreamCode` this fix raises where it refuses."""
-        unknown = _UNKNOWN.get(self) or self.unknown_code()
-        return (
-            f"strategykit cannot make {self.affects} work on TensorFlow {tf.__version__} + "
-            f"Keras {keras.__version__}: its fix for {self.issue} relies on private upstream "
-            f"code that differs from the versions it was checked on ({CHECKED_ON}): "
-            f"{', '.join(sorted(unknown))}. Rather than train differently, it refuses. "
-            f"Install a checked pair (e.g. pip install \"keras=={_NEWEST[1]}\" "
-            f"\"tensorflow=={_NEWEST[0]}\"), a strategykit release that supports this one, "
-            f"or train without {self.affects}."
-        )
+        return refusal(self.affects, self.issue, _UNKNOWN.get(self) or self.unknown_code())
 
 
 _ORIGINALS: dict = {}
@@ -170,18 +161,32 @@ _UNKNOWN: dict = {}  # Fix -> its unknown_code() when it was last installed
 _NEWEST = versions.CHECKED_ON[-1]
 
 
-def _differing(pins: dict) -> dict:
+def refusal(affects: str, issue: str, unknown: dict) -> str:
+    """The message of an `UnknownUpstreamCode`: `affects` refuses because the code the
+    fix of `issue` relies on differs (`unknown`) from the versions checked."""
+    return (
+        f"strategykit cannot make {affects} work on TensorFlow {tf.__version__} + "
+        f"Keras {keras.__version__}: its fix for {issue} relies on private upstream "
+        f"code that differs from the versions it was checked on ({CHECKED_ON}): "
+        f"{', '.join(sorted(unknown))}. Rather than train differently, it refuses. "
+        f"Install a checked pair (e.g. pip install \"keras=={_NEWEST[1]}\" "
+        f"\"tensorflow=={_NEWEST[0]}\"), a strategykit release that supports this one, "
+        f"or train without {affects}."
+    )
+
+
+def differing(pins: dict) -> dict:
     """`{name: fingerprint found}` of the names in `pins` whose code has none of their
     pinned fingerprints (`"missing (...)"` where the code is gone)."""
-    differing = {}
+    found_differing = {}
     for name, pinned in pins.items():
         try:
             found = fingerprint(name)
         except (ImportError, AttributeError, TypeError, OSError) as error:
             found = f"missing ({type(error).__name__})"
         if found not in ((pinned,) if isinstance(pinned, str) else pinned):
-            differing[name] = found
-    return differing
+            found_differing[name] = found
+    return found_differing
 
 
 def _guard(fix: Fix):
@@ -220,7 +225,7 @@ def by_fingerprint(name: str, choices: dict):
     gets here. Read once per process.
 
     Example:
-        >>> name = "strategykit.upstream.fix:by_fingerprint"
+        >>> name = "strategykit.pinning.fix:by_fingerprint"
         >>> by_fingerprint(name, {fingerprint(name): "this version"})
         'this version'
     """

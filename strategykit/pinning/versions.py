@@ -1,8 +1,8 @@
 """The TensorFlow and Keras releases strategykit supports and was checked on.
 
 Plain data, importing nothing: `noxfile.py` (the matrix), `pyproject.toml`'s bounds,
-the Compatibility page and the run-time check of the fixes (`strategykit.upstream.fix`)
-all say the same, and tests/upstream/test_versions.py holds them to it.
+the Compatibility page and the run-time check of the fixes (`strategykit.pinning.fix`)
+all say the same, and tests/pinning/test_versions.py holds them to it.
 """
 
 CHECKED_ON = (

@@ -1,4 +1,4 @@
-"""The supported versions are said once (strategykit/upstream/versions.py) and the same
+"""The supported versions are said once (strategykit/pinning/versions.py) and the same
 everywhere: pyproject.toml's bounds, the matrix (noxfile.py), the Compatibility page,
 the README, and the installed TensorFlow and Keras are inside them."""
 
@@ -10,7 +10,7 @@ import keras
 import tensorflow as tf
 import tomllib
 
-from strategykit.upstream import versions
+from strategykit.pinning import versions
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -51,7 +51,7 @@ def test_the_matrix_runs_every_checked_pair():
     tree = ast.parse((ROOT / "noxfile.py").read_text())
     reads = [node for node in ast.walk(tree)
              if isinstance(node, ast.Constant) and node.value == "CHECKED_ON"]
-    assert reads, "noxfile.py reads CHECKED_ON from strategykit/upstream/versions.py"
+    assert reads, "noxfile.py reads CHECKED_ON from strategykit/pinning/versions.py"
     assert "nox\n" in (ROOT / ".ci" / "run").read_text()
 
 

@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from strategykit import upstream
 from strategykit.cli import info
-from strategykit.upstream import fix as fix_module
+from strategykit.pinning import fix as fix_module
 
 from conftest import cpu_devices
 
@@ -60,11 +60,14 @@ def test_an_unknown_version_warns_once_in_one_line_naming_what_refuses(unseen_ke
     assert upstream.CHECKED_ON in message
     assert "gradient_accumulation_steps under a tf.distribute strategy" in message
     assert "Everything else works" in message
-    states = {entry["replaces"].rpartition(".")[2]: entry for entry in upstream.status()}
+    states = {entry["replaces"].rpartition(".")[2]: entry for entry in upstream.status()
+              if entry["replaces"]}
     assert states["_backend_apply_gradients"]["state"] == "refusing"
     assert list(states["_backend_apply_gradients"]["unknown"]) == [f"{_PINNED}._clip_gradients"]
     assert {entry["state"] for name, entry in states.items()
             if name != "_backend_apply_gradients"} <= {"installed", "not needed"}
+    assert {entry["state"] for entry in upstream.status() if not entry["replaces"]} == {
+        "checked"}
     listed = info._fixes_text({"checked_on": upstream.CHECKED_ON, "fixes": upstream.status()})
     assert ("  REFUSES (unknown upstream code): gradient_accumulation_steps under a "
             f"tf.distribute strategy (keras-team/keras#20582)\n      differs: {_PINNED}."
