@@ -1,27 +1,25 @@
 """The entry point of the `strategykit` command: TensorFlow's C++ log lines kept off screen.
 
-TensorFlow prints C++ log lines from the moment it is imported (`cudart_stub.cc ...
-Could not find cuda drivers`, `cpu_feature_guard.cc ...`), some before its logging is
-set up, where `TF_CPP_MIN_LOG_LEVEL` does not reach them, and more at the end of
-training (`local_rendezvous.cc ... recv item cancelled`). Importing `strategykit`
+TensorFlow prints C++ log lines from the moment it is imported, some before its logging
+is set up, where `TF_CPP_MIN_LOG_LEVEL` does not reach them. Importing `strategykit`
 imports TensorFlow, so this module lives outside the package: the command quiets
 TensorFlow here, before anything imports it, and then runs `strategykit.cli.commands.main`.
+`python -m strategykit` and `python -m strategykit.cli` come here too
+(`strategykit.cli.run_as_module`).
 
-Quiet means `TF_CPP_MIN_LOG_LEVEL=2` for TensorFlow and, for the lines it prints
-anyway, a filter on the process's standard error (file descriptor 2, so C++ output
-passes through it too) that drops every line in TensorFlow's C++ log format
-(`I0000 00:00:1795452128.332057    2921 port.cc:153] ...`) and absl's notice
-`WARNING: All log messages before absl::InitializeLog() is called are written to
-STDERR`; every other line passes unchanged. Nothing is quieted with `--verbose`, or when
-the user set `TF_CPP_MIN_LOG_LEVEL` themselves. Importing `strategykit` as a library
-changes no logging setting.
+Quiet means `TF_CPP_MIN_LOG_LEVEL=2` for TensorFlow and, for the lines it prints anyway,
+a filter on the process's standard error: `strategykit.launcher.tensorflow_log`, which
+describes the lines it drops; every other line passes unchanged. Nothing is quieted with
+`--verbose`, or when the user set `TF_CPP_MIN_LOG_LEVEL` themselves. Importing
+`strategykit` as a library changes no logging setting.
 
-`strategykit launch` (and `demo --workers N`, which launches N demo workers) does not
-import TensorFlow at all: the launcher only starts, watches and restarts processes, and
-importing the package as a library (its `__init__` makes `sk.*`) would import TensorFlow
-and Keras, about 4.5 s of CPU and 650 MB at every launch (`benchmarks/launcher_start.py`).
-For these commands the package is registered without running its `__init__`, so that
-only `strategykit.cli` and `strategykit.launcher` are imported.
+The package is first registered without running its `__init__` (which makes `sk.*` and
+imports TensorFlow and Keras), so that the filter, in the standard-library-only
+`strategykit.launcher`, is imported and installed before TensorFlow; the `__init__` then
+runs on the same module object. `strategykit launch` (and `demo --workers N`, which
+launches N demo workers) does not run it at all: the launcher only starts, watches and
+restarts processes, and TensorFlow and Keras would cost about 4.5 s of CPU and 650 MB at
+every launch (`benchmarks/launcher_start.py`).
 
 Example:
     $ strategykit demo              # no TensorFlow log lines
@@ -31,24 +29,10 @@ Example:
 
 from __future__ import annotations
 
-import atexit
 import importlib.util
 import os
-import re
 import sys
-import threading
-
-TF_LOG_LINE = re.compile(
-    r"^(?:\[worker \d+\] )?"
-    r"(?:[IWEF]\d{4} \d\d:\d\d:\d+\.\d+\s+\d+ \S+:\d+\]"
-    r"|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWEF] \S+:\d+\]"
-    r"|WARNING: All log messages before absl::InitializeLog\(\) is called)"
-)
-"""A line of TensorFlow's C++ log (or absl's notice before its logging starts), also as
-`strategykit launch` forwards a worker's (`[worker k] I0000 ...`). Both formats:
-absl's (`I0000 00:00:1795452128.332057    2921 port.cc:153] ...`) and TensorFlow's own,
-which TensorFlow 2.18 and 2.20 print some lines in
-(`2026-11-27 08:16:03.752152: E external/.../cuda_fft.cc:477] ...`)."""
+import types
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,9 +41,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     own_arguments = argv[: argv.index("--")] if "--" in argv else argv
     if "--verbose" not in own_arguments and "TF_CPP_MIN_LOG_LEVEL" not in os.environ:
-        quiet_tensorflow()
-    if only_starts_workers(own_arguments):
-        import_package_without_tensorflow()
+        tensorflow_log().quiet_tensorflow()
+    import_package_without_tensorflow()
+    if not only_starts_workers(own_arguments):
+        finish_importing_package()
     from strategykit.cli.commands import main as run
 
     return run(argv)
@@ -94,57 +79,41 @@ def import_package_without_tensorflow() -> None:
 
     Its subpackages then import alone: `strategykit.launcher.launch` imports neither
     TensorFlow nor Keras. Only for a process that runs nothing but strategykit's own
-    command code (`sk.*` names are not defined in it); does nothing when the package is
-    already imported.
+    command code (`sk.*` names are not defined in it) until `finish_importing_package`;
+    does nothing when the package is already imported.
     """
     if "strategykit" not in sys.modules:
         spec = importlib.util.find_spec("strategykit")
         sys.modules["strategykit"] = importlib.util.module_from_spec(spec)
 
 
+def finish_importing_package() -> None:
+    """Runs the package's `__init__` on the module `import_package_without_tensorflow`
+    registered: `sk.*` defined, TensorFlow imported. Does nothing when it has run."""
+    package = sys.modules["strategykit"]
+    if "__all__" not in vars(package):  # the __init__'s last statement
+        package.__spec__.loader.exec_module(package)
+
+
 def quiet_tensorflow() -> None:
-    """Sets `TF_CPP_MIN_LOG_LEVEL=2` and filters TensorFlow's log lines out of stderr.
+    """Quiets TensorFlow in a process of the user's as the command does, then imports
+    strategykit: `TF_CPP_MIN_LOG_LEVEL=2`, and TensorFlow's log lines filtered out of
+    stderr (`strategykit.launcher.tensorflow_log.quiet_tensorflow`).
 
-    Call it before TensorFlow is imported. The filter lasts until the interpreter exits.
+    Call it before TensorFlow is imported (examples/ray_train.py does, in its driver
+    and in every Ray worker). The filter lasts until the interpreter exits.
     """
-    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
-    sys.stderr.flush()
-    terminal = os.dup(2)
-    read_end, write_end = os.pipe()
-    os.dup2(write_end, 2)
-    os.close(write_end)
-    reader = threading.Thread(target=_forward, args=(read_end, terminal), daemon=True,
-                              name="strategykit-stderr-filter")
-    reader.start()
-
-    def restore() -> None:
-        sys.stderr.flush()
-        os.dup2(terminal, 2)  # closes the pipe's last write end: the reader sees its end
-        reader.join(timeout=2)
-
-    atexit.register(restore)
+    tensorflow_log().quiet_tensorflow()
+    finish_importing_package()
 
 
-def _forward(read_end: int, terminal: int) -> None:
-    """Copies the pipe to the terminal, line by line, without TensorFlow's log lines."""
-    pending = b""
-    with os.fdopen(read_end, "rb", buffering=0) as pipe:
-        while chunk := pipe.read(65536):
-            pending += chunk
-            lines = re.split(rb"(?<=[\r\n])", pending)
-            pending = lines.pop()  # no line end yet (b"" when the chunk ended one)
-            if pending[:1] not in (b"", b"I", b"W", b"E", b"F") and not pending[:1].isdigit():
-                lines.append(pending)  # no log line: a prompt or a progress bar, shown now
-                pending = b""
-            _write(terminal, lines)
-        _write(terminal, [pending])
+def tensorflow_log() -> types.ModuleType:
+    """`strategykit.launcher.tensorflow_log`, imported without TensorFlow (the package
+    registered by `import_package_without_tensorflow` when not imported yet)."""
+    import_package_without_tensorflow()
+    from strategykit.launcher import tensorflow_log as module
 
-
-def _write(terminal: int, lines: list[bytes]) -> None:
-    kept = b"".join(line for line in lines
-                    if not TF_LOG_LINE.match(line.decode(errors="replace")))
-    while kept:
-        kept = kept[os.write(terminal, kept):]
+    return module
 
 
 if __name__ == "__main__":

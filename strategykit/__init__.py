@@ -9,6 +9,14 @@ Example:
 
 __version__ = "0.1.0"
 
+# Before TensorFlow is imported, so before the API's imports; both standard library only.
+# ruff: noqa: E402
+from strategykit.cli.run_as_module import run_the_command_instead as _run_the_command_instead
+from strategykit.launcher.tensorflow_log import filter_notebook_output as _filter_notebook_output
+
+_run_the_command_instead()  # `python -m strategykit ARGS`: becomes the `strategykit` command
+_filter_notebook_output()  # in a Jupyter kernel: TensorFlow's C++ log lines off the cells
+
 from strategykit import callbacks
 from strategykit.batchnorm.convert import convert_sync_batchnorm
 from strategykit.batchnorm.layer import SyncBatchNormalization

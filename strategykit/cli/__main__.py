@@ -1,7 +1,8 @@
-"""`python -m strategykit.cli ...`: the `strategykit` command without its console script."""
+"""`python -m strategykit.cli ARGS`: the `strategykit` command, as `python -m strategykit`
+(`strategykit/__main__.py` says how)."""
 
 import sys
 
-from strategykit.cli.commands import main
+from strategykit_console import main
 
 sys.exit(main())

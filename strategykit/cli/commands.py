@@ -160,9 +160,9 @@ def _demo_worker_command(args) -> list[str]:
 
 
 def _check(args) -> int:
-    from strategykit.cli import self_test
+    from strategykit.cli import demo_check
 
-    report = self_test.run(replicas=args.replicas or 2)
+    report = demo_check.run(replicas=args.replicas or 2)
     print(report)
     return 0 if report.passed else 1
 

@@ -55,7 +55,10 @@ def test_info_lists_the_checked_versions_and_each_fix_state(capsys):
     assert fixes[0] == f"Upstream fixes (checked on {upstream.CHECKED_ON}):"
     assert "  installed: gradient_accumulation_steps under a tf.distribute strategy " \
         "(keras-team/keras#20582)" in fixes
-    assert len(fixes) == 1 + len({(fix.affects, fix.issue) for fix in upstream.FIXES})
+    assert "  checked (private upstream code read as pinned): the all-reduce sk.describe " \
+        "names (tensorflow/tensorflow, unreported)" in fixes
+    assert len(fixes) == 1 + len({(entry["affects"], entry["issue"])
+                                  for entry in upstream.status()})
 
 
 @pytest.mark.parametrize("value", ["0", "-3", "two"])
@@ -130,14 +133,32 @@ def test_python_m_strategykit_cli_runs_the_command(monkeypatch, capsys):
 
 
 def test_the_filter_keeps_every_other_line_of_stderr():
+    # The filter alone (no TensorFlow imported), as the command installs it.
     result = run_fresh("-c", """if True:
         import sys, strategykit_console
-        strategykit_console.quiet_tensorflow()
+        strategykit_console.tensorflow_log().quiet_tensorflow()
         sys.stderr.write("kept 1\\nI0000 00:00:17.5  12 port.cc:153] dropped\\n")
         sys.stderr.write("E1123 16:39:56.123456  99 cuda_platform.cc:52] dropped\\n")
         sys.stderr.write("2026-11-27 08:16:03.752152: E external/x/cuda_fft.cc:477] dropped\\n")
+        sys.stderr.write("To enable the following instructions: AVX2 FMA, in other operations, "
+                         "rebuild TensorFlow with the appropriate compiler flags.\\n")
+        sys.stderr.write("[worker 1] W0000 00:00:17.5  12 dataset.cc:997] dropped\\n")
         sys.stderr.write("kept 2")
-        print("out")
+        print("out", sorted(m for m in ("tensorflow", "keras") if m in sys.modules))
     """)
     assert result.stderr == "kept 1\nkept 2"
-    assert result.stdout == "out\n"
+    assert result.stdout == "out []\n"
+
+
+def test_python_m_strategykit_is_the_command(quiet_info):
+    # `python -m strategykit` and `python -m strategykit.cli` become the command's entry
+    # point (strategykit/cli/run_as_module.py): the same output, as quiet. `launch` imports
+    # no TensorFlow there either, so its help is the cheap one compared.
+    for module in ("strategykit", "strategykit.cli"):
+        result = run_fresh("-m", module, "info", "--replicas", "4", "--json")
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert result.stdout == quiet_info.stdout
+        assert tf_log_lines(result) == []
+    helps = {run_fresh("-m", module, "launch", "--help").stdout
+             for module in ("strategykit_console", "strategykit", "strategykit.cli")}
+    assert len(helps) == 1 and "usage: strategykit launch --workers N" in helps.pop()

@@ -26,4 +26,12 @@ if __name__ == "__main__":
 
     from ipykernel import kernelapp
 
-    kernelapp.launch_new_instance()
+    from strategykit.launcher import tensorflow_log
+
+    # As `kernelapp.launch_new_instance()`, with what `import strategykit` does in a fresh
+    # kernel once ipykernel captures fd 2 (the server imported it before there was one):
+    # TensorFlow's C++ log lines kept out of the cells' output.
+    app = kernelapp.IPKernelApp.instance()
+    app.initialize()
+    tensorflow_log.filter_notebook_output()
+    app.start()

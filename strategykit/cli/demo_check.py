@@ -1,4 +1,4 @@
-"""`strategykit check`: the equivalence self-test on this machine.
+"""`strategykit check`: `sk.check` on the demo's model, the self-test on this machine.
 
 Trains the demo's conv net, with synchronized batch norm, for a few steps on real digits
 on N replicas and on one device, and compares the weights with `sk.check` and its
@@ -27,8 +27,8 @@ def run(replicas: int = 2, steps: int = 3) -> CheckReport:
         The `sk.check` report: in float64 with its default tolerance, 1e-5.
 
     Example:
-        >>> from strategykit.cli import self_test
-        >>> print(self_test.run(replicas=2))  # doctest: +SKIP
+        >>> from strategykit.cli import demo_check
+        >>> print(demo_check.run(replicas=2))  # doctest: +SKIP
         PASSED: 2 replicas x 16 examples against 1 device x 32, 3 steps, in float64
         ...
     """
