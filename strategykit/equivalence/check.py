@@ -112,7 +112,7 @@ def check(
             is the one reference batch norm can match: it normalizes each micro-batch,
             over `global_batch_size` examples when synchronized, on both sides. For a
             model without batch-dependent layers it is also one step on the whole
-            `K * global_batch_size` examples (tests/test_check.py shows both). The
+            `K * global_batch_size` examples (tests/equivalence/test_check.py shows both). The
             optimizer in `model_fn` must not accumulate itself. Under a strategy not
             built by `sk.mirrored`/`sk.from_env`, Keras's accumulation fails
             (keras-team/keras#20582, fixed in `strategykit.upstream`).

@@ -24,7 +24,7 @@ the all-reduce, are those of the mean over the global batch. `SUM_OVER_BATCH_SIZ
     global_loss = sk.reduce(scaled, strategy, "sum")        # mean over the global batch
     worst = sk.reduce(replica_means, strategy, "max")       # the worst replica's mean loss
 
-`tests/test_reduction.py` runs this recipe on 4 replicas against one device.
+`tests/strategy/test_reduction.py` runs this recipe on 4 replicas against one device.
 """
 
 from __future__ import annotations

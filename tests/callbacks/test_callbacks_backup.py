@@ -1,5 +1,5 @@
 """`sk.callbacks.BackupAndRestore`: a resumed run equals an uninterrupted one, and a
-backup torn by a kill is never read. Across worker processes: tests/test_launch_resume.py.
+backup torn by a kill is never read. Across worker processes: tests/cluster/test_launch_resume.py.
 """
 
 import functools

@@ -137,7 +137,7 @@ def test_keras_fails_without_the_fix(make_strategy):
 def test_keras_optimizer_inherits_the_replaced_method():
     # The fix gives Keras's TF optimizer class its own `_backend_apply_gradients`; it was
     # checked on a Keras whose class inherits BaseOptimizer's. If upstream defines one
-    # there, re-check the fix (tests/test_upstream.py pins the code it relies on).
+    # there, re-check the fix (tests/upstream/test_upstream.py pins the code it relies on).
     fix = upstream.accumulation.FIXES[0]
     upstream.uninstall()
     try:
