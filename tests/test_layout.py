@@ -102,3 +102,10 @@ def test_no_part_holds_more_than_a_fifth_of_the_package():
     total = lines(PACKAGE.rglob("*.py"))
     shares = {part: lines((PACKAGE / part).rglob("*.py")) / total for part in LAYERS}
     assert max(shares.values()) <= 0.2, {part: f"{share:.1%}" for part, share in shares.items()}
+
+
+def test_no_two_modules_share_a_name():
+    # Twins (cluster/slurm.py beside cluster/environments/slurm.py) split one concept in two.
+    names = [path.name for path in PACKAGE.rglob("*.py")
+             if path.name not in ("__init__.py", "__main__.py")]
+    assert sorted(name for name in set(names) if names.count(name) > 1) == []
