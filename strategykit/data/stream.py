@@ -24,8 +24,8 @@ import weakref
 
 import tensorflow as tf
 
-from strategykit.data import position
 from strategykit.background import iterator_reaper
+from strategykit.data import position
 from strategykit.upstream import epoch_input
 from strategykit.upstream.steps_per_execution import Steps
 

@@ -50,6 +50,15 @@ import warnings
 import keras
 import tensorflow as tf
 
+from strategykit.pinning.fix import (
+    CHECKED_ON,
+    Fix,
+    UnknownUpstreamCode,
+    fingerprint,
+    original,
+    resolve,
+)
+from strategykit.pinning.pinned_access import PinnedAccess
 from strategykit.upstream import (
     accumulation,
     class_weights,
@@ -71,15 +80,6 @@ from strategykit.upstream import (
     traceback_frames,
     worker_files,
 )
-from strategykit.pinning.fix import (
-    CHECKED_ON,
-    Fix,
-    UnknownUpstreamCode,
-    fingerprint,
-    original,
-    resolve,
-)
-from strategykit.pinning.pinned_access import PinnedAccess
 from strategykit.upstream.step_count import state_steps
 
 FIXES = (*metric_variables.FIXES, *distributed_datasets.FIXES, *log_values.FIXES,

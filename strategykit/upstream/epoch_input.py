@@ -34,10 +34,10 @@ from __future__ import annotations
 
 import weakref
 
-from strategykit.cluster.roles import is_multi_worker
 from strategykit.background import iterator_reaper
-from strategykit.upstream import steps_per_execution
+from strategykit.cluster.roles import is_multi_worker
 from strategykit.pinning.fix import Fix, by_fingerprint, original, resolve
+from strategykit.upstream import steps_per_execution
 
 _EPOCH_ITERATOR = "keras.src.backend.tensorflow.trainer:TFEpochIterator"
 _SOURCES = weakref.WeakKeyDictionary()
