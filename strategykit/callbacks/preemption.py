@@ -19,6 +19,7 @@ import threading
 
 import tensorflow as tf
 
+from strategykit.cluster.environments.base import TRAINING_TASK_TYPES
 from strategykit.cluster.roles import is_multi_worker
 from strategykit.upstream import coordination
 
@@ -103,6 +104,6 @@ def _job_tasks(strategy: tf.distribute.Strategy) -> tuple[list[str], str]:
     """Every task of the job and this one, as `"type:index"`."""
     resolver = strategy.cluster_resolver
     spec = resolver.cluster_spec().as_dict()
-    tasks = [f"{job}:{index}" for job in ("chief", "worker") if job in spec
+    tasks = [f"{job}:{index}" for job in TRAINING_TASK_TYPES if job in spec
              for index in range(len(spec[job]))]
     return tasks, f"{resolver.task_type}:{resolver.task_id}"
