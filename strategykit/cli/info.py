@@ -78,7 +78,7 @@ _STATE_WORDS = {
     "refusing": "REFUSES (unknown upstream code)",
     "upstream's own": "upstream's own (unknown upstream code, not needed for numbers)",
     "not installed": "not installed yet (sk.mirrored() or sk.shard() installs it)",
-    "checked": "checked (private upstream code read as pinned)",
+    "checked": "checked (private upstream code as pinned)",
 }
 
 

@@ -57,7 +57,7 @@ def test_info_lists_the_checked_versions_and_each_fix_state(capsys):
     assert fixes[0] == f"Upstream fixes (checked on {upstream.CHECKED_ON}):"
     assert "  installed: gradient_accumulation_steps under a tf.distribute strategy " \
         "(keras-team/keras#20582)" in fixes
-    assert "  checked (private upstream code read as pinned): the all-reduce sk.describe " \
+    assert "  checked (private upstream code as pinned): the all-reduce sk.describe " \
         "names (tensorflow/tensorflow, unreported)" in fixes
     assert len(fixes) == 1 + len({(entry["affects"], entry["issue"])
                                   for entry in upstream.status()})
