@@ -64,7 +64,7 @@ def mirrored(
         )
     if replicas is not None:
         _check_replicas(replicas)
-    ops = _cross_device_ops(cross_device_ops)
+    ops = _single_machine_ops(cross_device_ops)
     if devices is None:
         devices = _default_devices(replicas)
     elif isinstance(devices, str) or not devices:
@@ -162,7 +162,9 @@ def _default_devices(replicas: int | None) -> list[str]:
     return _devices.ensure_logical_devices(device_type, replicas)
 
 
-def _cross_device_ops(choice):
+def _single_machine_ops(choice):
+    """The `tf.distribute.CrossDeviceOps` that `mirrored()`'s `cross_device_ops` names
+    (None: TensorFlow's choice)."""
     if isinstance(choice, tf.distribute.CrossDeviceOps):
         return choice
     if choice not in CROSS_DEVICE_OPS:
