@@ -39,7 +39,6 @@ class PinnedAccess:
             strategykit does without the access (`known()`).
 
     Example:
-        >>> from strategykit.upstream import fingerprint
         >>> name = "strategykit.pinning.fix:differing"
         >>> access = PinnedAccess("example (unreported)", "an example", {name: "0" * 16},
         ...                       refuses=False)
