@@ -68,12 +68,14 @@ from strategykit.upstream import (
     epoch_input,
     every_fit,
     exact_metrics,
+    gradient_clipping,
     log_values,
     metric_variables,
     multi_worker,
     optimizer_build,
     replica_losses,
     reported_losses,
+    sparse_gradients,
     step_count,
     steps_per_execution,
     strategy_internals,
@@ -86,7 +88,8 @@ FIXES = (*metric_variables.FIXES, *distributed_datasets.FIXES, *log_values.FIXES
          *accumulation.FIXES, *multi_worker.FIXES, *worker_files.FIXES, *exact_metrics.FIXES,
          *epoch_input.FIXES, *steps_per_execution.FIXES, *replica_losses.FIXES,
          *reported_losses.FIXES, *optimizer_build.FIXES, *traceback_frames.FIXES,
-         *class_weights.FIXES, *every_fit.FIXES)
+         *class_weights.FIXES, *every_fit.FIXES, *sparse_gradients.FIXES,
+         *gradient_clipping.FIXES)
 """Every fix, in the order `install()` installs them."""
 
 PINNED = (*coordination.PINNED, *step_count.PINNED, *strategy_internals.PINNED,

@@ -68,6 +68,14 @@ assert min(logs["d_loss"]) > 0.4 and min(logs["g_loss"]) > 0.4, logs
         "NAMES", '["losses", "model.get_weights()[0]"]').replace(
         "ONE_DEVICE_DATA", "tf.data.Dataset.from_tensor_slices((x, y, np.r_[np.ones(192), "
                            "np.full(8, 8.0)].astype('float32'))).batch(64)"),
+    "Gradient clipping and embeddings": """
+keras.utils.set_random_seed(1)
+one = text_classifier()
+one_device = one.fit(tokens, labels, batch_size=64, epochs=2, shuffle=False, verbose=0)
+np.testing.assert_allclose(history.history["loss"], one_device.history["loss"], rtol=1e-5)
+for a, b in zip(classifier.get_weights(), one.get_weights(), strict=True):
+    np.testing.assert_allclose(a, b, atol=2e-6)
+""",
     "Check it": """
 assert report.passed, str(report)
 """,
