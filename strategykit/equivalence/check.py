@@ -12,7 +12,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from strategykit.equivalence import feeds, randomness
+from strategykit.equivalence import feeds, randomness, update_factor
 from strategykit.equivalence import metric_differences as metrics
 from strategykit.equivalence import weight_differences as differ
 from strategykit.equivalence.arguments import check_arguments, check_options
@@ -93,7 +93,10 @@ def check(
             called twice: once outside any strategy, once inside the N-replica scope,
             both times under the dtype policy `dtype`.
         data: `(x, y)` or `(x, y, sample_weight)` numpy arrays (x a dict or list of
-            arrays for several inputs).
+            arrays for several inputs), or the inputs alone for a model trained on `x`
+            (an autoencoder's or a VAE's custom `train_step`): an array, a dict of
+            arrays or `(x,)`. Or an unbatched `tf.data.Dataset` of such elements, of
+            which the examples the check needs are read.
         replicas: replicas of the distributed run. Default 2.
         global_batch_size: examples per step of the distributed run over all replicas.
             Default: `4 * replicas`. Must be a multiple of `replicas`.
@@ -128,7 +131,8 @@ def check(
         which backpropagation makes differ in every layer before a faulty one.
 
     Raises:
-        ValueError: `data` not `(x, y)` or `(x, y, sample_weight)`, an invalid `dtype`
+        ValueError: `data` not arrays, `(x,)`, `(x, y)` or `(x, y, sample_weight)`, or a
+            batched dataset, an invalid `dtype`
             or `gradient_accumulation_steps`,
             `global_batch_size` not a multiple of `replicas`, data holding fewer than
             `steps` updates' worth of examples, `model_fn` returning an uncompiled
@@ -155,15 +159,18 @@ def check(
     replicas = strategy.num_replicas_in_sync
     global_batch_size = global_batch_size or 4 * replicas
     accumulation = gradient_accumulation_steps
+    trained_examples = steps * accumulation * global_batch_size
+    data = feeds.materialized(data, metrics.evaluation_size(trained_examples, global_batch_size))
     check_arguments(data, replicas, global_batch_size, steps, accumulation)
     data = cast_floats(data, dtype)
-    trained = feeds.head(data, steps * accumulation * global_batch_size)
+    trained = feeds.head(data, trained_examples)
 
     with global_dtype(dtype), float64_quieted(dtype):
         single = _prepared(model_fn, accumulation, dtype)
         random_layers = randomness.switch_off(single)
         other_dtypes = other_dtype_layers(single, dtype)
         initial_weights = single.get_weights()
+        initial_values = differ.values(single)
         single_logs, single_first = _train(
             single, feeds.one_device(trained, global_batch_size), first_update=accumulation)
         with strategy.scope():
@@ -175,16 +182,19 @@ def check(
             first_update=accumulation)
         final = differ.largest(differ.values(single), differ.values(distributed))
         single_metrics, distributed_metrics = {}, {}
-        if differ.agree(final, tolerance):  # else the metrics differ as the weights do
-            evaluated = metrics.evaluation_examples(
-                data, steps * accumulation * global_batch_size, global_batch_size)
+        if differ.agree(final, tolerance) and _evaluates(single):  # else as the weights
+            # Inputs alone carry no weights to mark a padded batch's copies: whole batches
+            evaluated = (metrics.evaluation_examples(data, trained_examples, global_batch_size)
+                         if feeds.labeled(data) else trained)
             single_metrics, distributed_metrics = metrics.evaluate_both(
                 single, distributed, evaluated, strategy=strategy,
                 global_batch_size=global_batch_size)
 
-    first_update = None  # unseen when Keras skips batch callbacks (steps_per_execution)
+    first_update = constant = None  # unseen when Keras skips batch callbacks
     if single_first and distributed_first:
         first_update = differ.largest(single_first, distributed_first)
+        constant = update_factor.factor(initial_values, single_first, distributed_first,
+                                        [weight.trainable for weight in single.weights])
     first_layer, stage = differ.start(single, first_update, final, tolerance)
     return CheckReport(
         replicas=replicas,
@@ -205,7 +215,14 @@ def check(
         single_device_logs=single_logs,
         distributed_logs=distributed_logs,
         random_layers=random_layers,
+        update_factor=constant,
     )
+
+
+def _evaluates(model: keras.Model) -> bool:
+    """Whether `evaluate()` computes something: a compiled loss or a `test_step` of its
+    own (keras.io's VAE has neither: its `train_step` computes its loss)."""
+    return model.loss is not None or type(model).test_step is not keras.Model.test_step
 
 
 def _train(model: keras.Model, feed: dict, first_update: int):

@@ -21,8 +21,15 @@ import tensorflow as tf
 from strategykit.equivalence import feeds
 
 
+def evaluation_size(trained: int, global_batch_size: int) -> int:
+    """How many examples `evaluation_examples` takes: those of the steps and a partial
+    final batch more."""
+    return trained + global_batch_size // 2 + 1
+
+
 def evaluation_examples(data, trained: int, global_batch_size: int):
-    """The first `trained + global_batch_size // 2 + 1` examples of `data` (all, if fewer).
+    """The first `evaluation_size(trained, global_batch_size)` examples of `data` (all, if
+    fewer).
 
     Example:
         >>> import numpy as np
@@ -30,7 +37,7 @@ def evaluation_examples(data, trained: int, global_batch_size: int):
         >>> len(x), len(y)
         (29, 29)
     """
-    return feeds.head(data, trained + global_batch_size // 2 + 1)
+    return feeds.head(data, evaluation_size(trained, global_batch_size))
 
 
 def evaluate_both(single: keras.Model, distributed: keras.Model, data, *,

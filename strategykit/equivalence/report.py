@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from strategykit.equivalence import metric_differences as metrics
+from strategykit.equivalence import update_factor
 from strategykit.equivalence import weight_differences as differ
 from strategykit.equivalence.precision import other_dtypes_text
 
@@ -58,6 +59,9 @@ class CheckReport:
         random_layers: the layers whose randomness was switched off on both sides (run
             as in inference: Dropout and noise pass their inputs through), by name
             (nested ones `"outer/inner"`), with their class name.
+        update_factor: `c` where the N-replica first update was `c` times one device's
+            (a loss not scaled for the replicas: `c` = N), None where it was not a
+            multiple (see `strategykit.equivalence.update_factor`).
     """
 
     replicas: int
@@ -78,6 +82,7 @@ class CheckReport:
     single_device_logs: dict = dataclasses.field(default_factory=dict)
     distributed_logs: dict = dataclasses.field(default_factory=dict)
     random_layers: dict = dataclasses.field(default_factory=dict)
+    update_factor: float | None = None
 
     @property
     def max_difference(self) -> float:
@@ -151,7 +156,9 @@ class CheckReport:
             lines.append(randomness_text(self.random_layers))
         if self.other_dtype_layers:
             lines.append(f"  note: {other_dtypes_text(self.other_dtype_layers, self.dtype)}")
-        if not self.weights_agree:
+        if not self.weights_agree and self.update_factor is not None:
+            lines.append(update_factor.text(self.update_factor, self.replicas))
+        elif not self.weights_agree:
             lines.append(
                 "  Look for loss scaled by the per-replica batch, unsynchronized "
                 "BatchNormalization (sk.convert_sync_batchnorm), or randomness outside "

@@ -109,10 +109,16 @@ def _all_reduce_sum_gradients(self, grads_and_vars):
     dense = [(grad.values, var) if i in shared else (grad, var)
              for i, (grad, var) in enumerate(grads_and_vars)]
     reduced = reduce(self, dense)
-    return [(tf.IndexedSlices(reduced_grad, grads_and_vars[i][0].indices,
-                              grads_and_vars[i][0].dense_shape), var)
-            if i in shared else (reduced_grad, var)
-            for i, (reduced_grad, var) in enumerate(reduced)]
+    return [(_slices_like(grads_and_vars[i][0], reduced_grad), var) if i in shared
+            else (reduced_grad, var) for i, (reduced_grad, var) in enumerate(reduced)]
+
+
+def _slices_like(slices: tf.IndexedSlices, values) -> tf.IndexedSlices:
+    """`slices` with the all-reduced `values`, of the same static shape (the all-reduce
+    of TensorFlow 2.18 loses it, which Keras 3.8's sparse ops need)."""
+    values = tf.identity(values)
+    values.set_shape(slices.values.shape)
+    return tf.IndexedSlices(values, slices.indices, slices.dense_shape)
 
 
 FIXES = (

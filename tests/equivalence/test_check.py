@@ -110,11 +110,12 @@ def test_too_little_data_for_the_steps_is_an_error():
 
 
 @pytest.mark.parametrize("given, received", [
-    (lambda x, y: x, "ndarray"), (lambda x, y: (x,), "a tuple of 1"),
-    (lambda x, y: (x, y, y, y), "a tuple of 4")], ids=["array", "1-tuple", "4-tuple"])
-def test_data_must_be_x_y_and_maybe_sample_weights(given, received):
-    with pytest.raises(ValueError, match=r"data must be \(x, y\) or \(x, y, sample_weight\)\. "
-                       rf"Received: {received}\. Pass a tuple of numpy arrays"):
+    (lambda x, y: (x, y, y, y), "a tuple of 4"), (lambda x, y: "x.npy", "str")],
+    ids=["4-tuple", "str"])
+def test_data_must_be_arrays_with_or_without_labels(given, received):
+    with pytest.raises(ValueError, match=r"data must be \(x, y\), \(x, y, sample_weight\), or "
+                       r"the inputs alone \(an array, a dict of arrays, or \(x,\)\)\. "
+                       rf"Received: {received}\. Pass numpy arrays"):
         sk.check(dense_model, given(*data()), replicas=2)
 
 
