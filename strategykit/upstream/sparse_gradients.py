@@ -22,7 +22,10 @@ same on every replica, because they depend on no data (only on constants and sta
 shapes, read from the traced graph: `shared_indices`), has its values all-reduced
 densely, in the same all-reduce as the other gradients, and keeps its indices: each
 slice is one device's. Every other gradient is reduced as Keras reduces it. Only under a
-strategy of several replicas with such a gradient; otherwise Keras's own code runs.
+strategy of several replicas with a sparse gradient; otherwise Keras's own code runs.
+The replicas' concatenated slices also get back the static shape of their rows, which
+TensorFlow 2.18's all-reduce loses: Keras 3.8's Adagrad, RMSprop and Adafactor fail
+on the concatenation without it (`Cannot convert a partially known TensorShape`).
 
 Not covered, as one device's slices cannot be known there: indices that depend on the
 data only through a shape not known when the step is traced (a sequence length of
@@ -92,40 +95,47 @@ def _shared_positions(grads_and_vars) -> list[int]:
 
 
 def _applies(optimizer, grads_and_vars) -> bool:
-    """Several replicas, in a replica context, and a gradient of shared indices."""
+    """Several replicas, in a replica context, and a sparse gradient."""
     context = tf.distribute.get_replica_context()
     return bool(tf.distribute.has_strategy() and context is not None
                 and context.num_replicas_in_sync > 1
-                and _shared_positions(list(grads_and_vars)))
+                and any(isinstance(grad, tf.IndexedSlices) for grad, _ in grads_and_vars))
 
 
 def _all_reduce_sum_gradients(self, grads_and_vars):
     """Keras's all-reduce, with the values of shared-index slices summed densely."""
     grads_and_vars = list(grads_and_vars)
     reduce = original(resolve(_TF_OPTIMIZER), "_all_reduce_sum_gradients")
-    shared = _shared_positions(grads_and_vars) if _applies(self, grads_and_vars) else []
-    if not shared:
+    if not _applies(self, grads_and_vars):
         return reduce(self, grads_and_vars)
+    shared = _shared_positions(grads_and_vars)
     dense = [(grad.values, var) if i in shared else (grad, var)
              for i, (grad, var) in enumerate(grads_and_vars)]
     reduced = reduce(self, dense)
-    return [(_slices_like(grads_and_vars[i][0], reduced_grad), var) if i in shared
-            else (reduced_grad, var) for i, (reduced_grad, var) in enumerate(reduced)]
+    return [(_slices_like(grads_and_vars[i][0], reduced_grad, summed=i in shared), var)
+            if isinstance(grads_and_vars[i][0], tf.IndexedSlices) else (reduced_grad, var)
+            for i, (reduced_grad, var) in enumerate(reduced)]
 
 
-def _slices_like(slices: tf.IndexedSlices, values) -> tf.IndexedSlices:
-    """`slices` with the all-reduced `values`, of the same static shape (the all-reduce
-    of TensorFlow 2.18 loses it, which Keras 3.8's sparse ops need)."""
-    values = tf.identity(values)
-    values.set_shape(slices.values.shape)
-    return tf.IndexedSlices(values, slices.indices, slices.dense_shape)
+def _slices_like(slices: tf.IndexedSlices, reduced, *, summed: bool) -> tf.IndexedSlices:
+    """The all-reduced gradient of `slices` (`reduced`: its values summed densely, or
+    the replicas' slices concatenated) with the static shape of its values' rows: the
+    all-reduce of TensorFlow 2.18 loses it, and Keras 3.8's sparse ops (Adagrad, RMSprop,
+    Adafactor) fail without it."""
+    if not summed and not isinstance(reduced, tf.IndexedSlices):
+        return reduced  # densified by the all-reduce: its shape is known
+    values = tf.identity(reduced if summed else reduced.values)
+    values.set_shape(slices.values.shape if summed else [None, *slices.values.shape[1:]])
+    if summed:
+        return tf.IndexedSlices(values, slices.indices, slices.dense_shape)
+    return tf.IndexedSlices(values, reduced.indices, reduced.dense_shape)
 
 
 FIXES = (
     Fix(
         issue="keras-team/keras (unreported)",
-        affects=("sparse gradients of indices shared by every replica (a position "
-                 "Embedding) with a stateful optimizer under several replicas"),
+        affects=("sparse gradients (an Embedding's) with a stateful optimizer under "
+                 "several replicas"),
         owner=_TF_OPTIMIZER,
         attribute="_all_reduce_sum_gradients",
         replacement=_all_reduce_sum_gradients,
