@@ -18,16 +18,18 @@ _PINNED = "keras.src.optimizers.base_optimizer:BaseOptimizer"
 
 @pytest.fixture
 def unseen_keras(monkeypatch):
-    """BaseOptimizer._clip_gradients (which the accumulation fix relies on) replaced by a
-    function that behaves the same but has other source, then the fixes reinstalled."""
+    """BaseOptimizer._backend_reset_gradient_accumulators (which only the accumulation fix
+    relies on) replaced by a function that behaves the same but has other source, then
+    the fixes reinstalled."""
     owner = upstream.resolve(_PINNED)
-    keras_clip = owner._clip_gradients
+    keras_reset = owner._backend_reset_gradient_accumulators
 
-    def _clip_gradients(self, grads):  # the same behaviour, other source
-        return keras_clip(self, grads)
+    def _backend_reset_gradient_accumulators(self):  # the same behaviour, other source
+        return keras_reset(self)
 
     upstream.uninstall()
-    monkeypatch.setattr(owner, "_clip_gradients", _clip_gradients)
+    monkeypatch.setattr(owner, "_backend_reset_gradient_accumulators",
+                        _backend_reset_gradient_accumulators)
     monkeypatch.setattr(upstream, "_warned", [False])
     try:
         yield
@@ -63,7 +65,8 @@ def test_an_unknown_version_warns_once_in_one_line_naming_what_refuses(unseen_ke
     states = {entry["replaces"].rpartition(".")[2]: entry for entry in upstream.status()
               if entry["replaces"]}
     assert states["_backend_apply_gradients"]["state"] == "refusing"
-    assert list(states["_backend_apply_gradients"]["unknown"]) == [f"{_PINNED}._clip_gradients"]
+    assert list(states["_backend_apply_gradients"]["unknown"]) == [
+        f"{_PINNED}._backend_reset_gradient_accumulators"]
     assert {entry["state"] for name, entry in states.items()
             if name != "_backend_apply_gradients"} <= {"installed", "not needed"}
     assert {entry["state"] for entry in upstream.status() if not entry["replaces"]} == {
@@ -71,7 +74,7 @@ def test_an_unknown_version_warns_once_in_one_line_naming_what_refuses(unseen_ke
     listed = info._fixes_text({"checked_on": upstream.CHECKED_ON, "fixes": upstream.status()})
     assert ("  REFUSES (unknown upstream code): gradient_accumulation_steps under a "
             f"tf.distribute strategy (keras-team/keras#20582)\n      differs: {_PINNED}."
-            "_clip_gradients\n  installed: fit() across") in listed
+            "_backend_reset_gradient_accumulators\n  installed: fit() across") in listed
 
 
 def test_the_affected_feature_refuses_and_the_rest_trains_as_one_device(unseen_keras):
@@ -82,8 +85,8 @@ def test_the_affected_feature_refuses_and_the_rest_trains_as_one_device(unseen_k
             r"strategykit cannot make gradient_accumulation_steps under a tf.distribute "
             rf"strategy work on TensorFlow {tf.__version__} \+ Keras {keras.__version__}: "
             r"its fix for keras-team/keras#20582 relies on private upstream code that "
-            r"differs .*BaseOptimizer._clip_gradients\. Rather than train differently, it "
-            r"refuses\. Install a checked pair")):
+            r"differs .*BaseOptimizer._backend_reset_gradient_accumulators\. Rather than "
+            r"train differently, it refuses\. Install a checked pair")):
         _fit(strategy, accumulation=2)
     # Without accumulation nothing depends on that fix: 2 replicas as one device.
     np.testing.assert_allclose(_fit(strategy)[0], _fit(tf.distribute.get_strategy())[0],
