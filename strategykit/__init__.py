@@ -25,11 +25,11 @@ from strategykit.data.sharding import per_replica_batch_size, replica_batches, s
 from strategykit.data.stream import epochs
 from strategykit.data.tfds_input import shard_tfds
 from strategykit.equivalence.check import CheckReport, check
+from strategykit.metrics.metric_state import combine_across_replicas
 from strategykit.strategy.build import from_env, mirrored
 from strategykit.strategy.describe import describe
 from strategykit.strategy.learning_rate import scale_learning_rate
 from strategykit.strategy.reduction import reduce
-from strategykit.upstream.metric_state import combine_across_replicas
 
 __all__ = [
     "__version__",

@@ -25,6 +25,10 @@ sample weight to every example. The final partial batch is handled in one of thr
 
 Full batches always carry `sample_weight == 1` (times a weight the user passed). The
 weights are one per example, shaped to broadcast over per-pixel losses (`weight_rank`).
+
+For `predict()`, examples can come *indexed*, as `(index, example)` pairs: every batch is
+then `(batch, indices)`, each slot's index into the pipeline's examples, -1 for a padded
+copy (`strategykit.data.predict_input`).
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ def batch_for_replicas(
     per_replica: bool,
     size: int | None = None,
     class_weights=None,
+    indexed: bool = False,
 ) -> tf.data.Dataset:
     """Batches one pipeline's examples for its replicas, with sample weights.
 
@@ -72,11 +77,14 @@ def batch_for_replicas(
         class_weights: None, or a function `(x, y) -> weights` of a batch, one per
             example (Keras's `class_weight`), multiplied into the weights before the
             batch is padded: a padded copy keeps its weight -0.0.
+        indexed: the examples are `(index, example)` pairs; each batch is then
+            `(batch, indices)`, with index -1 for a padded copy.
 
     Returns:
         A dataset of batches `(x, y, w)`, or `x` for features-only data (which cannot
-        carry weights: its padded copies are not marked); of known cardinality when
-        `size` is known (`replicas` elements a step when `per_replica`).
+        carry weights: its padded copies are not marked), or with `indexed`
+        `(batch, indices)`; of known cardinality when `size` is known (`replicas`
+        elements a step when `per_replica`).
     """
     if remainder == "split":
         batches = _batches_without_tiny_remainder(examples, pipeline_batch_size, replicas, size)
@@ -86,19 +94,23 @@ def batch_for_replicas(
 
     def weigh(*element):
         element = element[0] if len(element) == 1 else element
+        indices, element = element if indexed else (None, element)
         x, y, user_weight = split_labels(element)
         if y is None:
-            return _pad(x, pipeline_batch_size, replicas) if pad else x
-        size = tf.shape(tf.nest.flatten(x)[0])[0]
-        rank = weight_rank(y, user_weight)
-        weight = _to_rank(tf.ones([size], tf.float32), rank)
-        if user_weight is not None:
-            weight = _to_rank(tf.cast(user_weight, tf.float32), rank) * weight
-        if class_weights is not None:
-            weight = _to_rank(tf.cast(class_weights(x, y), tf.float32), rank) * weight
-        if not pad:
-            return x, y, weight
-        return _pad((x, y, weight), pipeline_batch_size, replicas, weighted=True)
+            batch = x
+        else:
+            size = tf.shape(tf.nest.flatten(x)[0])[0]
+            rank = weight_rank(y, user_weight)
+            weight = _to_rank(tf.ones([size], tf.float32), rank)
+            if user_weight is not None:
+                weight = _to_rank(tf.cast(user_weight, tf.float32), rank) * weight
+            if class_weights is not None:
+                weight = _to_rank(tf.cast(class_weights(x, y), tf.float32), rank) * weight
+            batch = (x, y, weight)
+        if pad:
+            return _pad(batch, pipeline_batch_size, replicas, weighted=y is not None,
+                        indices=indices)
+        return batch if indices is None else (batch, indices)
 
     batches = batches.map(weigh, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     if per_replica:
@@ -204,19 +216,23 @@ def _batches_without_tiny_remainder(examples, batch_size: int, replicas: int, si
                                                 window_size_func=window_size)
 
 
-def _pad(element, batch_size: int, replicas: int, *, weighted: bool = False):
-    """The batch itself when full, else the padded, spread layout (see module docstring)."""
+def _pad(batch, batch_size: int, replicas: int, *, weighted: bool = False, indices=None):
+    """The batch itself when full, else the padded, spread layout (see module docstring);
+    `(batch, indices)` when the examples' `indices` are given (-1 for a padded copy)."""
+    element = batch if indices is None else (batch, indices)
     size = tf.shape(tf.nest.flatten(element)[0])[0]
 
     def padded():
-        indices, real = spread_indices(size, batch_size, replicas)
-        out = tf.nest.map_structure(lambda t: tf.gather(t, indices), element)
-        if not weighted:
+        reads, real = spread_indices(size, batch_size, replicas)
+        out = tf.nest.map_structure(lambda t: tf.gather(t, reads), batch)
+        if weighted:
+            x, y, weight = out
+            scale = tf.cast(batch_size, tf.float32) / tf.cast(size, tf.float32)
+            flags = _to_rank(real, weight.shape.rank)  # one per example, over its pixels
+            out = x, y, tf.where(flags, weight * scale, pad_weights_like(weight))
+        if indices is None:
             return out
-        x, y, weight = out
-        scale = tf.cast(batch_size, tf.float32) / tf.cast(size, tf.float32)
-        real = _to_rank(real, weight.shape.rank)  # one flag per example, over its pixels
-        return x, y, tf.where(real, weight * scale, pad_weights_like(weight))
+        return out, tf.where(real, tf.gather(indices, reads), tf.constant(-1, indices.dtype))
 
     full = tf.cond(size < batch_size, padded, lambda: element)
     # Every batch is full now: say so in the static shape. tf.distribute then takes the

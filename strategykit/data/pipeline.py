@@ -15,7 +15,7 @@ from strategykit.data.batching import batch_for_replicas, count_batches
 def make_pipeline(examples, size=None, context=None, *, global_batch_size, remainder,
                   replicas=None, shuffle=False, seed=None, shuffle_buffer=None, augment=None,
                   every_replica=False, steps=None, specs=None, continuous=False,
-                  class_weights=None):
+                  class_weights=None, indexed=False):
     """Shuffles and batches unbatched examples; used by `shard` and `shard_tfds`.
 
     With an input `context` (`distribute_datasets_from_function`) the result is this
@@ -32,7 +32,10 @@ def make_pipeline(examples, size=None, context=None, *, global_batch_size, remai
     state to Keras; the spec of a step's element is appended to the list `specs`. With
     `continuous`, one pass of the result is every epoch's pass from the current one on
     (`position.positioned`). `class_weights` multiplies every batch's weights
-    (`batching.batch_for_replicas`).
+    (`batching.batch_for_replicas`). With `indexed` (for `predict()`), every batch is
+    `(batch, indices)`: each slot's index among the examples in the order they come, -1
+    for a padded copy; a pass then starts at its epoch's first step whatever a resumed
+    run skips (which is the next `fit()`'s).
     """
     options = tf.data.Options()
     policy = tf.data.experimental.AutoShardPolicy
@@ -49,10 +52,13 @@ def make_pipeline(examples, size=None, context=None, *, global_batch_size, remai
     per_step = 1 if context is None else (
         replicas // context.num_input_pipelines if every_replica else replicas)
 
+    if indexed:
+        examples = examples.enumerate()  # (index, example), numbered before any shuffle
     if shuffle and seed is None:  # a new order every pass, not reproducible
         examples = examples.shuffle(shuffle_buffer, reshuffle_each_iteration=True)
     if augment is not None and seed is None:
-        examples = _augmented(examples, augment, None, None, None if every_replica else context)
+        examples = _augmented(examples, augment, None, None, None if every_replica else context,
+                              indexed)
 
     def one_pass(epoch):
         shuffled = examples
@@ -65,16 +71,18 @@ def make_pipeline(examples, size=None, context=None, *, global_batch_size, remai
                                             reshuffle_each_iteration=False)
             if augment is not None:
                 shuffled = _augmented(shuffled, augment, seed, epoch,
-                                      None if every_replica else context)
+                                      None if every_replica else context, indexed)
         batches = batch_for_replicas(
             shuffled, pipeline_batch_size=batch_size, replicas=replicas, remainder=remainder,
             per_replica=context is not None, size=size, class_weights=class_weights,
+            indexed=indexed,
         )
         return _own_replicas(batches, context, count) if every_replica else batches
 
     if count is not None and steps is not None:
         steps.append(count)
-    batches = position.positioned(one_pass, per_step, continuous=continuous)
+    batches = position.positioned(one_pass, per_step, continuous=continuous,
+                                  resumes=not indexed)
     if specs is not None:
         specs.append(batches.element_spec)
     return batches.prefetch(tf.data.AUTOTUNE).with_options(options)
@@ -107,8 +115,9 @@ def _own_replicas(batches: tf.data.Dataset, context, count) -> tf.data.Dataset:
         count is not None) else own
 
 
-def _augmented(examples, augment, seed, epoch, context):
-    """`augment(example, seed)` with a fresh stateless seed per example.
+def _augmented(examples, augment, seed, epoch, context, indexed=False):
+    """`augment(example, seed)` with a fresh stateless seed per example (of each
+    `(index, example)` pair when `indexed`).
 
     With a `seed`, the seeds of an epoch depend on it, the epoch and the pipeline only;
     without, they are new every pass."""
@@ -117,5 +126,7 @@ def _augmented(examples, augment, seed, epoch, context):
         seed=None if seed is None else (seed + 7919 * pipeline) * 1_000_003 + epoch,
         rerandomize_each_iteration=seed is None,
     ).batch(2, drop_remainder=True)
+    step = augment if not indexed else (
+        lambda pair, seed: (pair[0], augment(pair[1], seed)))  # the index left as it is
     return tf.data.Dataset.zip((examples, seeds)).map(
-        augment, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        step, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)

@@ -72,8 +72,8 @@ def pending_skip() -> int:
     return int(_variables()["skip"].numpy())
 
 
-def positioned(make_pass, elements_per_step: int, *,
-               continuous: bool = False) -> tf.data.Dataset:
+def positioned(make_pass, elements_per_step: int, *, continuous: bool = False,
+               resumes: bool = True) -> tf.data.Dataset:
     """A dataset whose every pass is `make_pass(epoch)`, started at the training position.
 
     Args:
@@ -82,6 +82,9 @@ def positioned(make_pass, elements_per_step: int, *,
         continuous: every pass of the dataset is one epoch's pass (the current one)
             when False (default); when True, one pass holds every epoch's pass from the
             current one on, endlessly, the first starting at the pending skip.
+        resumes: the first pass takes the pending skip (default); False: every pass
+            starts at its first step and leaves the skip to a dataset that resumes
+            (`predict()` between a resume and the `fit()` it resumes).
 
     Returns:
         The dataset; its cardinality is unknown to tf.data (a pass may be shorter), so
@@ -98,11 +101,14 @@ def positioned(make_pass, elements_per_step: int, *,
 
     def epochs(_):
         first = variables["epoch"].read_value()
-        skip = variables["skip"].read_value()
-        with tf.control_dependencies([first, skip]):
-            cleared = variables["skip"].assign(0)
-        with tf.control_dependencies([cleared]):
-            first = tf.identity(first)
+        if resumes:
+            skip = variables["skip"].read_value()
+            with tf.control_dependencies([first, skip]):
+                cleared = variables["skip"].assign(0)
+            with tf.control_dependencies([cleared]):
+                first = tf.identity(first)
+        else:
+            skip = tf.constant(0, tf.int64)
         if not continuous:  # one pass: no dataset of epochs to trace the pass inside
             return make_pass(first).skip(skip * elements_per_step)
         epoch = tf.data.Dataset.range(first, tf.constant(tf.int64.max, tf.int64))

@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from strategykit import upstream
 from strategykit.cluster.roles import is_multi_worker
-from strategykit.data import position
+from strategykit.data import position, predict_input
 from strategykit.data.batching import split_labels
 from strategykit.data.pipeline import make_pipeline
 from strategykit.data.sources import check_size, examples_source
@@ -114,8 +114,11 @@ def shard(
     Evaluation is exact either way. Do not train that way: replicas of unequal size
     are averaged with equal weight.
 
-    Data without labels (an array, a dict, a 1-tuple) gets no weights; its padded
-    copies are not marked, so use `pad_remainder=False` (e.g. for `predict`).
+    Data without labels (an array, a dict, a 1-tuple) gets no weights. `model.predict`
+    of the result returns one row per example, in the order of `data` (also when
+    shuffled), as one device's `model.predict(x, batch_size=global_batch_size)`:
+    padded copies are left out, with or without `pad_remainder`
+    (`strategykit.data.predict_input`, which lists what it refuses).
 
     `fit(ds, class_weight=...)` multiplies each real example's weight by its class's
     before the batch is padded (copies stay -0.0): N replicas train as one device with
@@ -201,8 +204,10 @@ def shard(
         replicas=strategy.num_replicas_in_sync, augment=augment, steps=steps, specs=specs,
     )
 
-    def distribute(continuous: bool = False, class_weights=None):
+    def distribute(continuous: bool = False, class_weights=None, indexed: bool = False):
         build = functools.partial(pipeline, continuous=continuous, class_weights=class_weights)
+        if indexed:  # predict()'s data: fit()'s steps and specs are not its
+            build = functools.partial(build, indexed=True, steps=None, specs=None)
         if callable(data):
             return strategy.distribute_datasets_from_function(
                 lambda context: build(source(context), context=context))
@@ -215,16 +220,20 @@ def shard(
     def made(class_weights=None):
         """The distributed dataset, its batches' weights times `class_weights(x, y)`."""
         distributed = distribute(class_weights=class_weights)
+        keyed_by_epoch = seed is not None and (shuffle or augment is not None)
         if steps:
             state_steps(distributed, steps[0])
             if not is_multi_worker(strategy):
                 attach_stream(distributed, EpochStream(
                     lambda: distribute(continuous=True, class_weights=class_weights),
-                    steps[0], element_spec=specs[0],
-                    keyed_by_epoch=seed is not None and (shuffle or augment is not None)))
+                    steps[0], element_spec=specs[0], keyed_by_epoch=keyed_by_epoch))
         _WEIGHTED[distributed] = True
         class_weighting.register(distributed, functools.partial(
             _with_class_weights, made, specs[-1] if specs else None))
+        predict_input.register(
+            distributed, functools.partial(distribute, indexed=True), strategy,
+            from_function=callable(data), steps=steps[0] if steps else None,
+            shuffle=shuffle, drop_remainder=drop_remainder, keyed_by_epoch=keyed_by_epoch)
         return distributed
 
     return made()

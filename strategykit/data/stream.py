@@ -39,7 +39,9 @@ class EpochStream:
         steps: the steps of a whole pass (an epoch).
         keyed_by_epoch: whether the order of a pass depends on its epoch.
         element_spec: the per-step element's spec (shapes and dtypes), for
-            `example_batch`.
+            `example_batch`; None for data no model is built from (`predict()`'s).
+        resumes: an epoch leaves out the steps a resumed run skips (default); False:
+            every epoch is whole, and the skip is left to `fit()` (`predict()`'s data).
 
     Example:
         >>> import numpy as np, strategykit as sk  # doctest: +SKIP
@@ -51,12 +53,14 @@ class EpochStream:
         3
     """
 
-    def __init__(self, make_continuous, steps: int, *, keyed_by_epoch: bool, element_spec):
+    def __init__(self, make_continuous, steps: int, *, keyed_by_epoch: bool, element_spec,
+                 resumes: bool = True):
         self._make_continuous = make_continuous
         self._continuous = None
         self.steps = int(steps)
         self.keyed_by_epoch = keyed_by_epoch
         self.element_spec = element_spec
+        self.resumes = resumes
         self.iterators_made = 0
         self._lock = threading.Lock()
         self._iterator = None
@@ -70,7 +74,7 @@ class EpochStream:
 
         The steps are the pass's, less those a resumed run skips.
         """
-        epoch, skip = position.current_epoch(), position.pending_skip()
+        epoch, skip = position.current_epoch(), position.pending_skip() if self.resumes else 0
         with self._lock:
             if not self._continues(epoch, skip):
                 self._start()

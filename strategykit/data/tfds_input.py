@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from strategykit.cluster.roles import is_multi_worker
+from strategykit.data import predict_input
 from strategykit.data.sharding import shard
 
 
@@ -101,6 +103,8 @@ def shard_tfds(
 
     Batching, sample weights and the final partial batch are those of `sk.shard` (see
     there): elements are `(x, y, sample_weight)` with `as_supervised=True`.
+    `model.predict` of the result returns one row per example in the split's order, on
+    one worker and with `shuffle=False` (otherwise it refuses: no such order is known).
 
     Args:
         name: the TFDS name, e.g. `"mnist"`.
@@ -139,10 +143,19 @@ def shard_tfds(
             f"{split!r}. Use one of {sorted(builder.info.splits)}, optionally sliced as in "
             "'train[:80%]'."
         ) from None
-    return shard(
+    distributed = shard(
         lambda context: tfds_examples(builder, split, context, shuffle=shuffle, seed=seed,
                                       as_supervised=as_supervised),
         strategy, global_batch_size=global_batch_size, shuffle=shuffle, seed=seed,
         drop_remainder=drop_remainder, pad_remainder=pad_remainder,
         shuffle_buffer=shuffle_buffer or size, augment=augment,
     )
+    what = f"sk.shard_tfds({name!r}, {split!r}, ...)"
+    if is_multi_worker(strategy):
+        predict_input.refuse(distributed, predict_input.across_workers_message(
+            what, strategy, "For predict(), pass the split's examples to sk.shard, which "
+            "every worker reads whole: sk.shard(builder.as_dataset(split=..., "
+            "as_supervised=True), strategy, ...)."))
+    elif shuffle:
+        predict_input.refuse(distributed, predict_input.shuffled_files_message(what))
+    return distributed

@@ -26,8 +26,8 @@ it was checked on; `strategykit info` and docs/compatibility.md list them by fea
 The `Fix`es replace an attribute each; the `PinnedAccess`es (`coordination`,
 `step_count`, `strategy_internals`, `dataset_inputs`) read, set or call private code
 without replacing it, and are checked the same way, once per process (both records:
-`strategykit.pinning`). Not pinned, public API only: `metric_state`
-(`sk.combine_across_replicas`).
+`strategykit.pinning`). How a metric's copies combine (`sk.combine_across_replicas`),
+public API only, is `strategykit.metrics`.
 
 Example:
     >>> import keras, strategykit as sk
@@ -68,6 +68,7 @@ from strategykit.upstream import (
     epoch_input,
     every_fit,
     exact_metrics,
+    exact_predictions,
     gradient_clipping,
     log_values,
     metric_variables,
@@ -89,7 +90,7 @@ FIXES = (*metric_variables.FIXES, *distributed_datasets.FIXES, *log_values.FIXES
          *epoch_input.FIXES, *steps_per_execution.FIXES, *replica_losses.FIXES,
          *reported_losses.FIXES, *optimizer_build.FIXES, *traceback_frames.FIXES,
          *class_weights.FIXES, *every_fit.FIXES, *sparse_gradients.FIXES,
-         *gradient_clipping.FIXES)
+         *gradient_clipping.FIXES, *exact_predictions.FIXES)
 """Every fix, in the order `install()` installs them."""
 
 PINNED = (*coordination.PINNED, *step_count.PINNED, *strategy_internals.PINNED,

@@ -43,8 +43,9 @@ import weakref
 
 import tensorflow as tf
 
+from strategykit.metrics import metric_state
 from strategykit.pinning.fix import Fix, original, resolve
-from strategykit.upstream import metric_state, steps_per_execution
+from strategykit.upstream import steps_per_execution
 
 ISSUE = "tensorflow/tensorflow#39268"
 _TRAINER = "keras.src.trainers.trainer:Trainer"
