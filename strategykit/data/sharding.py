@@ -27,7 +27,7 @@ from strategykit.data.pipeline import make_pipeline
 from strategykit.data.sources import check_size, examples_source
 from strategykit.data.stream import EpochStream, attach_stream
 from strategykit.upstream import class_weights as class_weighting
-from strategykit.upstream import state_steps
+from strategykit.upstream import model_scope, state_steps
 
 _WEIGHTED = weakref.WeakKeyDictionary()  # distributed datasets made here that carry weights
 
@@ -228,6 +228,7 @@ def shard(
                     lambda: distribute(continuous=True, class_weights=class_weights),
                     steps[0], element_spec=specs[0], keyed_by_epoch=keyed_by_epoch))
         _WEIGHTED[distributed] = True
+        model_scope.register(distributed, strategy)
         class_weighting.register(distributed, functools.partial(
             _with_class_weights, made, specs[-1] if specs else None))
         predict_input.register(

@@ -20,6 +20,7 @@ import tensorflow as tf
 
 from strategykit.cluster.roles import is_multi_worker
 from strategykit.pinning.fix import Fix, original, resolve
+from strategykit.upstream import model_scope
 
 _MODULE = "keras.src.backend.tensorflow.trainer"
 _TRAINER = f"{_MODULE}:TensorFlowTrainer"
@@ -65,6 +66,7 @@ def _predict(self, x, batch_size=None, verbose="auto", steps=None, callbacks=Non
     options = {"batch_size": batch_size, "verbose": verbose, "steps": steps,
                "callbacks": callbacks}
     predict = predictor_of(x)
+    model_scope.check(self, x, "predict()")
     return keras_predict(x, **options) if predict is None else predict(
         self, keras_predict, **options)
 

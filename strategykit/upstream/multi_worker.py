@@ -38,7 +38,7 @@ import tensorflow as tf
 
 from strategykit.cluster.roles import is_multi_worker
 from strategykit.pinning.fix import Fix, original, resolve
-from strategykit.upstream import epoch_input, steps_per_execution
+from strategykit.upstream import epoch_input, model_scope, steps_per_execution
 
 _TRAINER_MODULE = "keras.src.backend.tensorflow.trainer"
 _TRAINER = f"{_TRAINER_MODULE}:TensorFlowTrainer"
@@ -89,6 +89,8 @@ def _build_from_first_replica(self, iterator=None, data_batch=None):
         # A model without call() (keras.io's GAN) cannot be built symbolically; as on one
         # device, its layers are built where its train_step first uses them.
         return None
+    model_scope.check(self, getattr(iterator, "_distributed_dataset", None),
+                      "fit() or evaluate()")
     strategy = self._distribute_strategy
     if data_batch is None and iterator is not None and not _needs_a_batch(self):
         iterator = None  # built: upstream would start an iterator for a batch it ignores
