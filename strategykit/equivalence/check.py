@@ -170,7 +170,6 @@ def check(
         random_layers = randomness.switch_off(single)
         other_dtypes = other_dtype_layers(single, dtype)
         initial_weights = single.get_weights()
-        initial_values = differ.values(single)
         single_logs, single_first = _train(
             single, feeds.one_device(trained, global_batch_size), first_update=accumulation)
         with strategy.scope():
@@ -193,7 +192,7 @@ def check(
     first_update = constant = None  # unseen when Keras skips batch callbacks
     if single_first and distributed_first:
         first_update = differ.largest(single_first, distributed_first)
-        constant = update_factor.factor(initial_values, single_first, distributed_first,
+        constant = update_factor.factor(initial_weights, single_first, distributed_first,
                                         [weight.trainable for weight in single.weights])
     first_layer, stage = differ.start(single, first_update, final, tolerance)
     return CheckReport(
