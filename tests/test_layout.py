@@ -15,8 +15,8 @@ import pytest
 import strategykit
 
 PACKAGE = pathlib.Path(strategykit.__file__).parent
-LAYERS = ["launcher", "background", "cluster", "pinning", "metrics", "upstream", "strategy",
-          "data", "batchnorm", "callbacks", "equivalence", "cli"]
+LAYERS = ["launcher", "background", "cluster", "pinning", "metrics", "batches", "upstream",
+          "strategy", "data", "batchnorm", "callbacks", "equivalence", "cli"]
 
 
 def _parts():

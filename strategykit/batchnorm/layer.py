@@ -3,7 +3,7 @@
 With small per-device batches (segmentation, large images) each replica's own batch
 gives noisy moments; this layer normalizes with the mean and variance of the whole
 global batch instead, computed with one all-reduce per layer per step (see
-`strategykit.batchnorm.moments`). Everywhere else (outside a strategy, one replica, inference) it
+`strategykit.batches.moments`). Everywhere else (outside a strategy, one replica, inference) it
 is `keras.layers.BatchNormalization` unchanged.
 """
 
@@ -13,7 +13,7 @@ import keras
 import tensorflow as tf
 from keras import ops
 
-from strategykit.batchnorm.moments import cross_replica_moments
+from strategykit.batches.moments import cross_replica_moments
 
 
 @keras.saving.register_keras_serializable(package="strategykit")

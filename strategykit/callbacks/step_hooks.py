@@ -10,7 +10,7 @@ they are in, `compute_loss` is wrapped on the instance too (custom steps that ca
 puts the model's own functions back, already traced: nothing is traced again.
 
 Inside the step each replica adds the sum of its real examples' weighted losses and
-their number (padded copies carry weight -0.0, see `strategykit.upstream.exact_metrics`:
+their number (padded copies carry weight -0.0, see `strategykit.batches.marks`:
 Keras's own `loss` counts the same) into its own slot of an
 on-read-synchronized accumulator (so every step counts, also with
 `steps_per_execution > 1`). The step then returns its local copy of the accumulator,
@@ -36,7 +36,8 @@ import tensorflow as tf
 
 from strategykit.callbacks import model_cache
 from strategykit.callbacks.nan_guard import WeightSnapshot
-from strategykit.upstream import exact_metrics, reported_losses
+from strategykit.batches import current_step
+from strategykit.upstream import reported_losses
 
 _ORIGINAL = "_strategykit_original"
 _OUTPUT = "strategykit/replica_sums"
@@ -316,6 +317,6 @@ def _loss_statistics(loss, arguments):
     # `loss x batch` is the weighted sum of the losses, with the real examples of a
     # padded batch weighed up by `global batch / real examples` (sk.shard): times
     # `fraction` it is the sum one device adds up, over the real examples.
-    real, fraction = exact_metrics.step_counts(sample_weight, batch)
+    real, fraction = current_step.counts(sample_weight)
     return (loss * batch * tf.cast(fraction, tf.float64),
             tf.reduce_sum(tf.cast(real, tf.float64)))

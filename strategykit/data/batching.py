@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from strategykit.upstream.exact_metrics import pad_weights_like
+from strategykit.batches.marks import pad_weights_like
 
 
 def split_labels(element):

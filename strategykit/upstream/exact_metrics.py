@@ -18,7 +18,7 @@ test steps the batch one device would have seen:
   only (`tf.boolean_mask`), and with the weights the user gave (the scaled weights
   times `r / global_batch_size`).
 
-A padded copy carries a sample weight of negative zero (`PAD_WEIGHT`): it adds nothing
+A padded copy carries a sample weight of negative zero (`strategykit.batches.marks`): it adds nothing
 to a loss, as zero does, and tells the copies from real examples that the user weighed
 0 (which one device counts in `metrics=`). Full batches (`r` equals the global batch)
 are unchanged: the correction adds zero and the mask keeps every example. Outside a
@@ -37,41 +37,18 @@ user's own that is not declared gets a warning at its first use.
 
 from __future__ import annotations
 
-import threading
 import warnings
 import weakref
 
 import tensorflow as tf
 
+from strategykit.batches import current_step
 from strategykit.metrics import metric_state
 from strategykit.pinning.fix import Fix, original, resolve
 from strategykit.upstream import steps_per_execution
 
 ISSUE = "tensorflow/tensorflow#39268"
 _TRAINER = "keras.src.trainers.trainer:Trainer"
-PAD_WEIGHT = -0.0
-"""The sample weight of a padded copy: negative zero (see the module docstring)."""
-
-_latest = threading.local()  # this replica's counts, from _compute_loss to compute_metrics
-
-
-def pad_weights_like(weight: tf.Tensor) -> tf.Tensor:
-    """Weights of padded copies shaped as `weight`: all `PAD_WEIGHT`."""
-    return tf.fill(tf.shape(weight), tf.constant(PAD_WEIGHT, weight.dtype))
-
-
-def real_examples(sample_weight) -> tf.Tensor:
-    """A bool per example of the batch: False for a padded copy (weight `PAD_WEIGHT`).
-
-    Example:
-        >>> import tensorflow as tf
-        >>> real_examples(tf.constant([2.0, 0.0, -0.0])).numpy().tolist()
-        [True, True, False]
-    """
-    weight = tf.nest.flatten(sample_weight)[0]
-    per_example = tf.cast(tf.reshape(weight, [tf.shape(weight)[0], -1])[:, 0], tf.float32)
-    negative = tf.bitcast(per_example, tf.int32) < 0  # the sign bit, also of -0.0
-    return tf.logical_not(tf.logical_and(tf.equal(per_example, 0.0), negative))
 
 
 def _in_replica_context() -> bool:
@@ -106,25 +83,6 @@ def _applies(model, sample_weight) -> bool:
     return sample_weight is not None and _in_replica_context() and _can_communicate(model)
 
 
-def step_counts(sample_weight, batch_size):
-    """`(real, fraction)` of this replica's batch in the step: its real-example mask, and
-    the step's real examples over all its examples, over every replica.
-
-    Call in replica context. One all-reduce; a second call in the same step with the
-    same `sample_weight` reuses the first's result.
-    """
-    latest = getattr(_latest, "counts", None)
-    if latest is not None and latest[0] is sample_weight:
-        return latest[1:]
-    real = real_examples(sample_weight)
-    counts = tf.stack([tf.reduce_sum(tf.cast(real, tf.float32)),
-                       tf.cast(batch_size, tf.float32)])
-    total = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, counts)
-    fraction = total[0] / total[1]
-    _latest.counts = (sample_weight, real, fraction)
-    return real, fraction
-
-
 def _batch_size(x, sample_weight):
     flat = [t for t in tf.nest.flatten(x) if t is not None]
     return tf.shape(flat[0] if flat else tf.nest.flatten(sample_weight)[0])[0]
@@ -133,12 +91,11 @@ def _batch_size(x, sample_weight):
 def compute_loss_over_real_examples(self, x=None, y=None, y_pred=None, sample_weight=None,
                                     training=True):
     """Keras's `_compute_loss`, then the `loss` tracker corrected to the real examples."""
-    _latest.counts = None
     if not _applies(self, sample_weight):
         return original(_owner(), "_compute_loss")(
             self, x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=training)
     batch = _batch_size(x, sample_weight)
-    real, fraction = step_counts(sample_weight, batch)  # before: compute_loss may use them
+    real, fraction = current_step.counts(sample_weight)  # before: compute_loss may use them
     loss = original(_owner(), "_compute_loss")(
         self, x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=training)
     tracker = getattr(self, "_loss_tracker", None)
@@ -163,7 +120,7 @@ def compute_metrics_over_real_examples(self, x, y, y_pred, sample_weight=None):
         return own(self, x, y, y_pred, sample_weight)
     if sample_weight is not None:
         # The counts of this step's _compute_loss, or (a step of its own) new ones.
-        real, fraction = step_counts(sample_weight, _batch_size(x, sample_weight))
+        real, fraction = current_step.counts(sample_weight)
 
         def keep(tensor):
             return None if tensor is None else tf.boolean_mask(tensor, real)

@@ -18,6 +18,10 @@ Optional and no cond:
   Keras's `strategy.run(step) + reduce_per_replica(..., "auto")`. Anything else goes to
   the function Keras built.
 
+Every step function Keras builds (K = 1 too) runs its steps publishing their batch
+(`strategykit.batches.current_step`), so the layers a step calls know which of its
+examples are real.
+
 `Steps` is also a Python iterator of its `count` batches, so code that iterates it (as
 Keras's `predict()` and its eager fallback do) reads exactly those.
 """
@@ -28,6 +32,7 @@ import contextlib
 
 import tensorflow as tf
 
+from strategykit.batches import current_step
 from strategykit.pinning.fix import Fix, original, resolve
 
 ISSUE = "keras-team/keras#19246"
@@ -97,6 +102,7 @@ def _several_steps_on_several_replicas(model, step_function) -> bool:
 
 
 def _make_function(self, step_function):
+    step_function = current_step.publishing(step_function)  # every step, K == 1 too
     keras_function = original(resolve(_TRAINER), "_make_function")(self, step_function)
     run_steps = None
 

@@ -96,7 +96,7 @@ def cross_replica_moments(
 
     Example:
         >>> import tensorflow as tf
-        >>> from strategykit.batchnorm.moments import cross_replica_moments
+        >>> from strategykit.batches.moments import cross_replica_moments
         >>> x = tf.constant([[1.0], [3.0]])
         >>> [t.numpy().tolist() for t in cross_replica_moments(x, [0])]
         [[2.0], [1.0]]
