@@ -34,9 +34,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from strategykit.batches import current_step
 from strategykit.callbacks import model_cache
 from strategykit.callbacks.nan_guard import WeightSnapshot
-from strategykit.batches import current_step
 from strategykit.upstream import reported_losses
 
 _ORIGINAL = "_strategykit_original"

@@ -18,9 +18,9 @@ test steps the batch one device would have seen:
   only (`tf.boolean_mask`), and with the weights the user gave (the scaled weights
   times `r / global_batch_size`).
 
-A padded copy carries a sample weight of negative zero (`strategykit.batches.marks`): it adds nothing
-to a loss, as zero does, and tells the copies from real examples that the user weighed
-0 (which one device counts in `metrics=`). Full batches (`r` equals the global batch)
+A padded copy carries a sample weight of negative zero (`strategykit.batches.marks`): it
+adds nothing to a loss, as zero does, and tells the copies from real examples that the
+user weighed 0 (which one device counts in `metrics=`). Full batches (`r` equals the global batch)
 are unchanged: the correction adds zero and the mask keeps every example. Outside a
 replica context, or without sample weights, both hand over to Keras unchanged; so do they,
 with a warning, for a model compiled with `steps_per_execution` > 1 on several replicas
