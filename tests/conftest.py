@@ -57,6 +57,17 @@ import keras  # noqa: E402
 import strategykit as sk  # noqa: E402
 
 
+@pytest.fixture
+def float64():
+    """Keras's floatx and dtype policy float64 for the test (losses too), then as before."""
+    previous = keras.config.floatx(), keras.config.dtype_policy()
+    keras.config.set_floatx("float64")
+    keras.config.set_dtype_policy("float64")
+    yield
+    keras.config.set_floatx(previous[0])
+    keras.config.set_dtype_policy(previous[1])
+
+
 def restorer(model):
     """A function that sets `model` back to its state of now and returns it: its weights
     (moving statistics included) and its optimizer's variables (step count, moments,

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from strategykit.batches import current_step
+
 
 def local_moments(x: tf.Tensor, axes: list[int], mask: tf.Tensor | None = None):
     """Count, mean and sum of squared deviations of `x` over `axes`, mask-aware.
@@ -137,6 +139,39 @@ def cross_replica_moments(
         return (global_mean, variance), grad
 
     return moments(x)
+
+
+def over_real_examples(x: tf.Tensor, mask: tf.Tensor | None = None) -> tf.Tensor | None:
+    """`mask` narrowed to the real examples of the step being traced (`current_step`).
+
+    A padded copy of `sk.shard`'s final batch is left out of the moments, as one device
+    never sees it. The first axis of `x` is taken as the batch, unless its static size
+    differs from the step's batch (a layer applied to something else).
+
+    Args:
+        x: this replica's float tensor, batch first.
+        mask: a boolean tensor broadcastable to `x`, or None.
+
+    Returns:
+        A boolean tensor broadcastable to `x`, or `mask` itself where no step is
+        published or its batch has no sample weights (every example is then real).
+
+    Example:
+        >>> import tensorflow as tf
+        >>> from strategykit.batches import current_step
+        >>> x, y = tf.constant([[1.0], [3.0], [3.0]]), tf.zeros([3])
+        >>> step = current_step.publishing(lambda data: over_real_examples(data[0]))
+        >>> step((x, y, tf.constant([1.0, 1.0, -0.0]))).numpy().ravel().tolist()
+        [True, True, False]
+    """
+    step = current_step.current()
+    if step is None or step.real is None:
+        return mask
+    batch, examples = x.shape[0], step.real.shape[0]
+    if batch is not None and examples is not None and batch != examples:
+        return mask
+    real = tf.reshape(step.real, [-1] + [1] * (len(x.shape) - 1))
+    return real if mask is None else tf.logical_and(tf.cast(mask, tf.bool), real)
 
 
 def _keep_axes(stat: tf.Tensor, x: tf.Tensor, axes: list[int]) -> tf.Tensor:

@@ -13,7 +13,7 @@ import keras
 import tensorflow as tf
 from keras import ops
 
-from strategykit.batches.moments import cross_replica_moments
+from strategykit.batches.moments import cross_replica_moments, over_real_examples
 
 
 @keras.saving.register_keras_serializable(package="strategykit")
@@ -25,7 +25,8 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
     training, inside `strategy.run` or `model.fit` with more than one replica, the mean
     and variance are those of the global batch: every replica's examples, weighted by
     their real counts (an uneven last batch, or a replica with none, is right), the
-    mask respected, the variance computed without cancellation, in float32 under
+    mask respected, the padded copies of `sk.shard`'s final batch left out (one device
+    never sees them), the variance computed without cancellation, in float32 under
     `mixed_float16` and `mixed_bfloat16`. The moving statistics are therefore identical
     on every replica, and so is inference, which uses them. Outside any strategy, with
     one replica, or in inference the layer is exactly `keras.layers.BatchNormalization`.
@@ -98,6 +99,7 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
         axes = [axis for axis in range(rank) if axis != channel_axis]
         if mask is not None:
             mask = ops.expand_dims(ops.cast(mask, "bool"), axis=channel_axis)
+        mask = over_real_examples(inputs, mask)  # not the padded copies of sk.shard
         mean, variance = cross_replica_moments(inputs, axes, mask, context)
 
         momentum = self.momentum

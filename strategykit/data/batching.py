@@ -37,6 +37,11 @@ import tensorflow as tf
 
 from strategykit.batches.marks import pad_weights_like
 
+WEIGHT_DTYPE = tf.float64
+"""The sample weights' dtype. A padded batch's real examples carry `global batch / r`,
+which float32 rounds (16 / 6); Keras casts the weights to the loss's dtype, so a float64
+model trains with the exact scale, and a float32 one rounds it as float32 would."""
+
 
 def split_labels(element):
     """Splits an example into `(x, y, sample_weight)`; `y` and the weight may be None.
@@ -101,11 +106,11 @@ def batch_for_replicas(
         else:
             size = tf.shape(tf.nest.flatten(x)[0])[0]
             rank = weight_rank(y, user_weight)
-            weight = _to_rank(tf.ones([size], tf.float32), rank)
+            weight = _to_rank(tf.ones([size], WEIGHT_DTYPE), rank)
             if user_weight is not None:
-                weight = _to_rank(tf.cast(user_weight, tf.float32), rank) * weight
+                weight = _to_rank(tf.cast(user_weight, WEIGHT_DTYPE), rank) * weight
             if class_weights is not None:
-                weight = _to_rank(tf.cast(class_weights(x, y), tf.float32), rank) * weight
+                weight = _to_rank(tf.cast(class_weights(x, y), WEIGHT_DTYPE), rank) * weight
             batch = (x, y, weight)
         if pad:
             return _pad(batch, pipeline_batch_size, replicas, weighted=y is not None,
@@ -227,7 +232,7 @@ def _pad(batch, batch_size: int, replicas: int, *, weighted: bool = False, indic
         out = tf.nest.map_structure(lambda t: tf.gather(t, reads), batch)
         if weighted:
             x, y, weight = out
-            scale = tf.cast(batch_size, tf.float32) / tf.cast(size, tf.float32)
+            scale = tf.cast(batch_size, WEIGHT_DTYPE) / tf.cast(size, WEIGHT_DTYPE)
             flags = _to_rank(real, weight.shape.rank)  # one per example, over its pixels
             out = x, y, tf.where(flags, weight * scale, pad_weights_like(weight))
         if indices is None:

@@ -61,6 +61,7 @@ from strategykit.pinning.fix import (
 from strategykit.pinning.pinned_access import PinnedAccess
 from strategykit.upstream import (
     accumulation,
+    batch_norm_moments,
     class_weights,
     coordination,
     dataset_inputs,
@@ -90,7 +91,7 @@ FIXES = (*metric_variables.FIXES, *distributed_datasets.FIXES, *log_values.FIXES
          *epoch_input.FIXES, *steps_per_execution.FIXES, *replica_losses.FIXES,
          *reported_losses.FIXES, *optimizer_build.FIXES, *traceback_frames.FIXES,
          *class_weights.FIXES, *every_fit.FIXES, *sparse_gradients.FIXES,
-         *gradient_clipping.FIXES, *exact_predictions.FIXES)
+         *gradient_clipping.FIXES, *exact_predictions.FIXES, *batch_norm_moments.FIXES)
 """Every fix, in the order `install()` installs them."""
 
 PINNED = (*coordination.PINNED, *step_count.PINNED, *strategy_internals.PINNED,

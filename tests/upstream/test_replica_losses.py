@@ -57,16 +57,6 @@ def build(kind: str) -> keras.Model:
     return model
 
 
-@pytest.fixture
-def float64():
-    previous = keras.config.floatx(), keras.config.dtype_policy()
-    keras.config.set_floatx("float64")
-    keras.config.set_dtype_policy("float64")
-    yield
-    keras.config.set_floatx(previous[0])
-    keras.config.set_dtype_policy(previous[1])
-
-
 def data(weighted: bool):
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(64, 5)), rng.normal(size=(64, 1))
