@@ -11,15 +11,13 @@ and the other replicas' terms are lost, silently (no upstream issue found).
 * `Layer._losses` becomes a property: in a replica context of several replicas each
   replica's thread has a list of its own for the layer; elsewhere it is the layer's own
   list, as before.
-* `Layer.activity_regularizer` becomes a property on Keras 3.8 to 3.13, where an
-  activity regularizer's term is a sum over the batch (Keras 3.14 divides it by the
-  batch size: keras-team/keras#22018). Keras scales every added loss by 1/replicas, so
-  there the replicas' terms add up to 1/N of one device's. In a replica context of
-  several replicas the regularizer's value is multiplied by the number of replicas, so
-  that they add up to one device's term; elsewhere it is the layer's own regularizer
-  (`get_config` and saving are unchanged). On `sk.shard`'s padded final batch the term
-  also counts the padded copies there, as batch norm's moments do (use
-  `drop_remainder=True` where that batch matters).
+* `Layer.activity_regularizer` becomes a property. In a step of `fit()`/`evaluate()`
+  (`strategykit.batches.current_step`) or a replica context of several replicas it
+  gives a regularizer whose term is one device's (`strategykit.batches.activity`): the
+  real examples of `sk.shard`'s padded final batch only, and on Keras 3.8 to 3.13, where
+  the term is a sum over the batch that Keras scales by 1/replicas
+  (keras-team/keras#22018; 3.14 divides it by the batch size), times the replicas.
+  Elsewhere it is the layer's own regularizer (`get_config` and saving are unchanged).
 
 Terms that `add_loss` adds are, as Keras defines them under a strategy, averaged over
 the replicas: a term that is a mean over the batch (or depends on weights only) trains
@@ -35,12 +33,14 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 
 import tensorflow as tf
 
-from strategykit.pinning.fix import Fix, UnknownUpstreamCode
+from strategykit.batches import activity, current_step
+from strategykit.pinning.fix import Fix, UnknownUpstreamCode, fingerprint
 
 _LAYER = "keras.src.layers.layer:Layer"
 _per_thread = threading.local()  # MirroredStrategy traces each replica in its own thread
@@ -106,34 +106,56 @@ PER_REPLICA_LOSSES = Fix(
 )
 
 
-# Layer.activity_regularizer: one device's term on Keras 3.8 to 3.13.
+# Layer.activity_regularizer: one device's term, over the real examples.
 
-class _TimesReplicas:
-    """An activity regularizer whose value is multiplied by the number of replicas."""
+_SUM_OVER_BATCH = ("a574c14d7e53e7ec",  # 3.8
+                   "4a3c8ec158acc6ce",  # 3.9
+                   "26c2a8eeb1c7ac58",  # 3.10
+                   "23d75e1c7be35a42")  # 3.11 to 3.13
+_MEAN_OVER_BATCH = "4fb7e42e4ffd9b1a"  # 3.14, 3.15: divided by the batch size
 
-    def __init__(self, regularizer, replicas: int):
-        self.regularizer, self.replicas = regularizer, replicas
+
+@functools.cache
+def _keras_divides() -> bool:
+    """Whether Keras divides an activity regularizer's term by the batch size (3.14+)."""
+    return fingerprint(f"{_LAYER}.__call__") == _MEAN_OVER_BATCH
+
+
+class _OverRealExamples:
+    """An activity regularizer as Keras should see it in a step: `activity.term`."""
+
+    def __init__(self, regularizer):
+        self.regularizer = regularizer
 
     def __call__(self, output):
-        value = self.regularizer(output)
-        return value * tf.cast(self.replicas, value.dtype)
+        return activity.term(self.regularizer, output, _keras_divides())
+
+
+def _rescaled() -> bool:
+    """Where Keras's term is not one device's: a step of fit()/evaluate() (whose batch
+    may hold padded copies), or any replica context of several replicas."""
+    return current_step.current() is not None or several_replicas_tracing()
 
 
 def _get_activity_regularizer(layer):
     regularizer = layer.__dict__.get("activity_regularizer")
-    if regularizer is not None and several_replicas_tracing():
-        return _TimesReplicas(regularizer, tf.distribute.get_strategy().num_replicas_in_sync)
+    if regularizer is not None and _rescaled():
+        return _OverRealExamples(regularizer)
     return regularizer
 
 
 def _set_activity_regularizer(layer, value):
-    layer.__dict__["activity_regularizer"] = value
+    # A layer built inside a step may pass its (rescaled) regularizer on to a sublayer.
+    layer.__dict__["activity_regularizer"] = (
+        value.regularizer if isinstance(value, _OverRealExamples) else value)
 
 
 def _refusing_activity_regularizer(fix: Fix) -> property:
     def get(layer):
         regularizer = layer.__dict__.get("activity_regularizer")
-        if regularizer is not None and several_replicas_tracing():
+        step = current_step.current()
+        if regularizer is not None and (several_replicas_tracing() or (
+                step is not None and step.real is not None)):
             raise UnknownUpstreamCode(fix.refusal())
         return regularizer
 
@@ -142,19 +164,13 @@ def _refusing_activity_regularizer(fix: Fix) -> property:
 
 ACTIVITY_REGULARIZER = Fix(
     issue="keras-team/keras#22018",
-    affects="activity regularizers on several replicas",
+    affects="activity regularizers on several replicas or a padded batch",
     owner=_LAYER,
     attribute="activity_regularizer",
     replacement=property(_get_activity_regularizer, _set_activity_regularizer,
                          doc="The layer's activity regularizer (strategykit)."),
-    relies_on={f"{_LAYER}.__call__": (
-        "a574c14d7e53e7ec",  # 3.8
-        "4a3c8ec158acc6ce",  # 3.9
-        "26c2a8eeb1c7ac58",  # 3.10
-        "23d75e1c7be35a42",  # 3.11 to 3.13
-    )},
+    relies_on={f"{_LAYER}.__call__": (*_SUM_OVER_BATCH, _MEAN_OVER_BATCH)},
     guard=_refusing_activity_regularizer,
-    fixed_upstream={f"{_LAYER}.__call__": "4fb7e42e4ffd9b1a"},  # 3.14, 3.15
 )
 
 FIXES = (PER_REPLICA_LOSSES, ACTIVITY_REGULARIZER)
