@@ -97,11 +97,12 @@ def shard(
     `tf.nn.compute_average_loss(..., sample_weight=w, global_batch_size=B)`, the loss
     and the gradients equal those of one device on the same batches, and Keras's
     `loss`, `metrics` and `weighted_metrics` (with the weights you passed) count the
-    real examples only, as one device (`strategykit.upstream.exact_metrics`). Batch
-    normalization in training still computes the batch moments (and moving averages)
-    of the padded step over the copies too, and so does an activity regularizer on Keras
-    before 3.14 (a sum over the batch): with a remainder of a few examples, prefer
-    `drop_remainder=True`.
+    real examples only, as one device (`strategykit.upstream.exact_metrics`); so do
+    synchronized batch norm's moments and moving statistics (`sk.SyncBatchNormalization`
+    and Keras's `synchronized=True`) and activity regularizers, in `fit()` and
+    `evaluate()` (`strategykit.batches`). What still sees the copies: unsynchronized
+    batch norm (each replica's own moments) and a term a layer adds with `add_loss`
+    (`sk.check` names the layer); there, prefer `drop_remainder=True`.
 
     With one replica (one device, or `tf.distribute.get_strategy()` outside any strategy
     to get the same examples in the same order there) nothing is padded: the final

@@ -9,10 +9,12 @@ default in float64 so that float32 rounding cannot decide the verdict.
 
 from __future__ import annotations
 
+import dataclasses
+
 import keras
 import tensorflow as tf
 
-from strategykit.equivalence import feeds, randomness, update_factor
+from strategykit.equivalence import added_terms, feeds, randomness, update_factor
 from strategykit.equivalence import metric_differences as metrics
 from strategykit.equivalence import weight_differences as differ
 from strategykit.equivalence.arguments import check_arguments, check_options
@@ -128,7 +130,9 @@ def check(
         `first_differing_layer` says where the difference starts: the first layer in
         forward order whose weights differ beyond `tolerance` after the first update,
         its forward state (moving statistics) looked at before its trainable weights,
-        which backpropagation makes differ in every layer before a faulty one.
+        which backpropagation makes differ in every layer before a faulty one. When it
+        failed, `differing_terms` names each layer whose `add_loss` term Keras counts
+        otherwise on N replicas (a sum over the batch counts 1/N).
 
     Raises:
         ValueError: `data` not arrays, `(x,)`, `(x, y)` or `(x, y, sample_weight)`, or a
@@ -195,7 +199,7 @@ def check(
         constant = update_factor.factor(initial_weights, single_first, distributed_first,
                                         [weight.trainable for weight in single.weights])
     first_layer, stage = differ.start(single, first_update, final, tolerance)
-    return CheckReport(
+    report = CheckReport(
         replicas=replicas,
         global_batch_size=global_batch_size,
         steps=steps,
@@ -216,6 +220,14 @@ def check(
         random_layers=random_layers,
         update_factor=constant,
     )
+    if report.passed:
+        return report
+    with global_dtype(dtype), float64_quieted(dtype):  # which layer's added term differs
+        inputs = feeds.unpack(metrics.evaluation_examples(data, trained_examples,
+                                                          global_batch_size))[0]
+        terms = added_terms.differing_terms(single, distributed, strategy, inputs,
+                                            global_batch_size, initial_weights, tolerance)
+    return dataclasses.replace(report, differing_terms=tuple(terms))
 
 
 def _evaluates(model: keras.Model) -> bool:

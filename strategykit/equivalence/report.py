@@ -62,6 +62,10 @@ class CheckReport:
         update_factor: `c` where the N-replica first update was `c` times one device's
             (a loss not scaled for the replicas: `c` = N), None where it was not a
             multiple (see `strategykit.equivalence.update_factor`).
+        differing_terms: where it failed, the layers whose `add_loss` term (from the
+            same weights, on the first global batch) Keras counts otherwise on N
+            replicas than on one device, as `strategykit.equivalence.added_terms`
+            `DifferingTerm`s; empty where it passed.
     """
 
     replicas: int
@@ -83,6 +87,7 @@ class CheckReport:
     distributed_logs: dict = dataclasses.field(default_factory=dict)
     random_layers: dict = dataclasses.field(default_factory=dict)
     update_factor: float | None = None
+    differing_terms: tuple = ()
 
     @property
     def max_difference(self) -> float:
@@ -156,9 +161,11 @@ class CheckReport:
             lines.append(randomness_text(self.random_layers))
         if self.other_dtype_layers:
             lines.append(f"  note: {other_dtypes_text(self.other_dtype_layers, self.dtype)}")
+        lines += [term.text(self.replicas, self.global_batch_size)
+                  for term in self.differing_terms]
         if not self.weights_agree and self.update_factor is not None:
             lines.append(update_factor.text(self.update_factor, self.replicas))
-        elif not self.weights_agree:
+        elif not self.weights_agree and not self.differing_terms:
             lines.append(
                 "  Look for loss scaled by the per-replica batch, unsynchronized "
                 "BatchNormalization (sk.convert_sync_batchnorm), or randomness outside "

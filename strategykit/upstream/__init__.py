@@ -95,7 +95,7 @@ FIXES = (*metric_variables.FIXES, *distributed_datasets.FIXES, *log_values.FIXES
 """Every fix, in the order `install()` installs them."""
 
 PINNED = (*coordination.PINNED, *step_count.PINNED, *strategy_internals.PINNED,
-          *dataset_inputs.PINNED)
+          *dataset_inputs.PINNED, *replica_losses.PINNED)
 """Every `PinnedAccess`: private code read, set or called without replacing it."""
 
 __all__ = ["CHECKED_ON", "FIXES", "PINNED", "Fix", "PinnedAccess", "UnknownUpstreamCode",

@@ -41,6 +41,7 @@ import tensorflow as tf
 
 from strategykit.batches import activity, current_step
 from strategykit.pinning.fix import Fix, UnknownUpstreamCode, fingerprint
+from strategykit.pinning.pinned_access import PinnedAccess
 
 _LAYER = "keras.src.layers.layer:Layer"
 _per_thread = threading.local()  # MirroredStrategy traces each replica in its own thread
@@ -174,3 +175,24 @@ ACTIVITY_REGULARIZER = Fix(
 )
 
 FIXES = (PER_REPLICA_LOSSES, ACTIVITY_REGULARIZER)
+
+
+# Each layer's own add_loss terms, for sk.check to name a layer whose term differs.
+
+OWN_TERMS = PinnedAccess(
+    issue="keras-team/keras (unreported)",
+    affects="sk.check naming a layer whose add_loss term differs",
+    relies_on={f"{_LAYER}._flatten_layers": "662dcf281bc32c53",
+               f"{_LAYER}._get_own_losses": "bce6599684980e77"},
+    refuses=False)
+PINNED = (OWN_TERMS,)
+
+
+def own_terms_by_layer(model) -> list | None:
+    """`[(layer, terms)]`: every layer of `model` (nested ones too, `model` first) with the
+    terms its last call added (`add_loss`, its activity regularizer; not its weights'
+    regularizers, nor its sublayers' terms); this replica's in a replica context. None
+    on Keras code not checked."""
+    if not OWN_TERMS.known():
+        return None
+    return [(layer, list(layer._get_own_losses())) for layer in model._flatten_layers()]
