@@ -18,10 +18,13 @@ def pad_weights_like(weight: tf.Tensor) -> tf.Tensor:
 
     Example:
         >>> import tensorflow as tf
+        >>> _ = tf.constant(0.0)  # a cached +0.0 does not take its place
         >>> str(pad_weights_like(tf.ones([2])).numpy().tolist())
         '[-0.0, -0.0]'
     """
-    return tf.fill(tf.shape(weight), tf.constant(PAD_WEIGHT, weight.dtype))
+    # Negated zeros, not tf.constant(-0.0): eager TensorFlow caches scalar constants by
+    # value, and -0.0 == 0.0, so after a tf.constant(0.0) it would hand back +0.0.
+    return tf.negative(tf.zeros(tf.shape(weight), weight.dtype))
 
 
 def real_examples(sample_weight) -> tf.Tensor:

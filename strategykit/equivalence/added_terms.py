@@ -24,7 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from strategykit.batches import current_step
-from strategykit.batches.marks import PAD_WEIGHT
+from strategykit.batches.marks import pad_weights_like
 from strategykit.data.batching import spread_indices
 from strategykit.upstream import replica_losses
 
@@ -130,7 +130,8 @@ def _terms_both_ways(single, distributed, strategy, batch, global_batch_size, we
     size = len(tf.nest.flatten(batch)[0])
     reads, real = spread_indices(size, global_batch_size, replicas)
     laid_out = tf.nest.map_structure(lambda array: tf.gather(array, reads), batch)
-    marks = tf.where(real, tf.constant(1.0, tf.float64), tf.constant(PAD_WEIGHT, tf.float64))
+    ones = tf.ones(tf.shape(real), tf.float64)
+    marks = tf.where(real, ones, pad_weights_like(ones))
     per = global_batch_size // replicas
 
     def part(context):
