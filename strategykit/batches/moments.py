@@ -38,16 +38,26 @@ def local_moments(x: tf.Tensor, axes: list[int], mask: tf.Tensor | None = None):
         x: a float tensor.
         axes: the axes reduced (every axis but the channel axis).
         mask: optional boolean tensor broadcastable to `x`; False entries are left out.
+            Where it is all True (a full batch) the moments are taken unmasked.
 
     Returns:
         `(count, mean, m2)`: `count` a scalar, `mean` and `m2` of shape `[C]` (the
         dimensions of `x` not in `axes`). With `count == 0` both are zeros.
     """
     if mask is None:
-        count = tf.cast(tf.reduce_prod(tf.gather(tf.shape(x), axes)), x.dtype)
-        mean = tf.math.divide_no_nan(tf.reduce_sum(x, axis=axes), count)
-        deviations = x - _keep_axes(mean, x, axes)
-        return count, mean, tf.reduce_sum(tf.square(deviations), axis=axes)
+        return _unmasked_moments(x, axes)
+    return tf.cond(tf.reduce_all(mask), lambda: _unmasked_moments(x, axes),
+                   lambda: _masked_moments(x, axes, mask))
+
+
+def _unmasked_moments(x, axes):
+    count = tf.cast(tf.reduce_prod(tf.gather(tf.shape(x), axes)), x.dtype)
+    mean = tf.math.divide_no_nan(tf.reduce_sum(x, axis=axes), count)
+    deviations = x - _keep_axes(mean, x, axes)
+    return count, mean, tf.reduce_sum(tf.square(deviations), axis=axes)
+
+
+def _masked_moments(x, axes, mask):
     weights = tf.cast(tf.broadcast_to(mask, tf.shape(x)), x.dtype)
     # Every channel of an example shares its mask, so one count serves all channels.
     count = tf.reduce_max(tf.reduce_sum(weights, axis=axes))
@@ -132,9 +142,10 @@ def cross_replica_moments(
             summed = tf.math.divide_no_nan(summed, tf.reduce_sum(counts))
             d_x = _keep_axes(summed[0], x, axes) + 2.0 * (
                 x - _keep_axes(global_mean, x, axes)) * _keep_axes(summed[1], x, axes)
-            if mask is not None:
-                d_x *= tf.cast(mask, x.dtype)
-            return d_x
+            if mask is None:
+                return d_x
+            return tf.cond(tf.reduce_all(mask), lambda: d_x,
+                           lambda: d_x * tf.cast(mask, x.dtype))
 
         return (global_mean, variance), grad
 
