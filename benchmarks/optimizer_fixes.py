@@ -32,8 +32,6 @@ def _fixes():
 
 def _setup(fixed: bool, clipped: bool):
     import keras
-    import numpy as np
-
     import strategykit as sk
 
     strategy = sk.mirrored(replicas=4)
@@ -43,11 +41,8 @@ def _setup(fixed: bool, clipped: bool):
         model = workloads.conv_net()
         optimizer = keras.optimizers.Adam(1e-3, global_clipnorm=1.0 if clipped else None)
         model.compile(optimizer, "sparse_categorical_crossentropy")
-    rng = np.random.default_rng(0)
-    examples = workloads.GLOBAL_BATCH * workloads.STEPS
-    x = rng.normal(size=(examples, 8, 8, 8)).astype("float32")
-    y = rng.integers(0, 10, size=examples)
-    return model, sk.shard((x, y), strategy, global_batch_size=workloads.GLOBAL_BATCH)
+    data = workloads.labeled_images(workloads.GLOBAL_BATCH * workloads.STEPS)
+    return model, sk.shard(data, strategy, global_batch_size=workloads.GLOBAL_BATCH)
 
 
 def _separate(fixed: bool, clipped: bool) -> float:

@@ -31,8 +31,6 @@ EXAMPLES = workloads.GLOBAL_BATCH * (workloads.STEPS - 1) + 5
 
 def _setup(marked: bool, synchronized: bool):
     import keras
-    import numpy as np
-
     import strategykit as sk
     from strategykit.batches import current_step
 
@@ -43,10 +41,8 @@ def _setup(marked: bool, synchronized: bool):
         model = workloads.conv_net(
             batch_norm=sk.SyncBatchNormalization if synchronized else None)
         model.compile(keras.optimizers.Adam(1e-3), "sparse_categorical_crossentropy")
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(EXAMPLES, 8, 8, 8)).astype("float32")
-    y = rng.integers(0, 10, size=EXAMPLES)
-    return model, sk.shard((x, y), strategy, global_batch_size=workloads.GLOBAL_BATCH)
+    data = workloads.labeled_images(EXAMPLES)
+    return model, sk.shard(data, strategy, global_batch_size=workloads.GLOBAL_BATCH)
 
 
 def _step(marked: bool, synchronized: bool) -> float:

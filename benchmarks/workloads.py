@@ -28,6 +28,15 @@ def conv_net(layers: int = 20, channels: int = 8, batch_norm=None):
     return keras.Model(inputs, outputs)
 
 
+def labeled_images(examples: int, channels: int = 8):
+    """`(x, y)` arrays: `examples` random 8x8x`channels` float32 images, labels in 0..9."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(examples, 8, 8, channels)).astype("float32")
+    return x, rng.integers(0, 10, size=examples)
+
+
 def random_images(channels: int = 8, batches: int = STEPS, batch_size: int = GLOBAL_BATCH):
     """A repeating `tf.data.Dataset` of random 8x8 images and labels, already batched."""
     import numpy as np
