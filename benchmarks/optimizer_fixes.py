@@ -32,6 +32,7 @@ def _fixes():
 
 def _setup(fixed: bool, clipped: bool):
     import keras
+
     import strategykit as sk
 
     strategy = sk.mirrored(replicas=4)

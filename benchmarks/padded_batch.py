@@ -31,6 +31,7 @@ EXAMPLES = workloads.GLOBAL_BATCH * (workloads.STEPS - 1) + 5
 
 def _setup(marked: bool, synchronized: bool):
     import keras
+
     import strategykit as sk
     from strategykit.batches import current_step
 
