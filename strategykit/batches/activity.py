@@ -47,10 +47,8 @@ def term(regularizer, output, keras_divides: bool):
     step = current_step.current()
     context = tf.distribute.get_replica_context()
     replicas = 1 if context is None else context.num_replicas_in_sync
-    real = None if step is None else step.real
-    batch = None if real is None or output.shape.rank == 0 else output.shape[0]
-    if real is None or (batch is not None and real.shape[0] is not None
-                        and batch != real.shape[0]) or output.shape.rank == 0:
+    real = None if step is None else step.real_of(output)
+    if real is None:
         value = regularizer(output)
         return value if keras_divides else value * tf.cast(replicas, value.dtype)
     value = regularizer(tf.boolean_mask(output, real))

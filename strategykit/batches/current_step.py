@@ -48,6 +48,17 @@ class StepBatch:
         self._graph = tf.compat.v1.get_default_graph()
         self._fraction = None
 
+    def real_of(self, x: tf.Tensor) -> tf.Tensor | None:
+        """`real` for a tensor `x` of the step whose first axis is the batch; None where
+        the step has no sample weight, `x` is a scalar, or the static size of its first
+        axis differs from the step's batch (a layer applied to something else)."""
+        if self.real is None or x.shape.rank == 0:
+            return None
+        batch, examples = x.shape[0], self.real.shape[0]
+        if batch is not None and examples is not None and batch != examples:
+            return None
+        return self.real
+
     def fraction(self) -> tf.Tensor:
         """The step's real examples over all its examples, over every replica (float32).
 

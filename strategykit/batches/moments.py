@@ -176,12 +176,10 @@ def over_real_examples(x: tf.Tensor, mask: tf.Tensor | None = None) -> tf.Tensor
         [True, True, False]
     """
     step = current_step.current()
-    if step is None or step.real is None:
+    real = None if step is None else step.real_of(x)
+    if real is None:
         return mask
-    batch, examples = x.shape[0], step.real.shape[0]
-    if batch is not None and examples is not None and batch != examples:
-        return mask
-    real = tf.reshape(step.real, [-1] + [1] * (len(x.shape) - 1))
+    real = tf.reshape(real, [-1] + [1] * (len(x.shape) - 1))
     return real if mask is None else tf.logical_and(tf.cast(mask, tf.bool), real)
 
 

@@ -57,7 +57,7 @@ def moments_over_real_examples(self, inputs, mask):
 
     if replicas > 1:
         return masked()
-    if real is None or full_mask is layer_mask:
+    if full_mask is layer_mask:  # not batch-major: no example to leave out
         return own(self, inputs, mask)
     return tf.cond(tf.reduce_all(real), lambda: own(self, inputs, mask), masked)
 
