@@ -129,7 +129,8 @@ def print_table(results: list[dict]) -> None:
 
 def main(script: str, variants: dict[str, Callable[[], float]],
          comparisons: list[tuple[str, str]],
-         interleaved: Callable[[list[str]], dict[str, list[float]]] | None = None) -> None:
+         interleaved: Callable[[list[str]], dict[str, list[float]]] | None = None,
+         interleaved_comparisons: list[tuple[str, str]] | None = None) -> None:
     """Entry point of a benchmark script: measure one variant, or compare them all.
 
     Args:
@@ -140,6 +141,8 @@ def main(script: str, variants: dict[str, Callable[[], float]],
         interleaved: `interleaved(order)` runs the named variants in one process, one
             round each in `order`, round after round, and returns `{name: [seconds
             per step of each round]}`.
+        interleaved_comparisons: the comparisons `interleaved` can run (default: all);
+            a whole call, say, is timed in separate processes only.
     """
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variant", choices=sorted(variants))
@@ -159,6 +162,6 @@ def main(script: str, variants: dict[str, Callable[[], float]],
     for a, b in comparisons:
         if "separate" in args.how:
             results.append(compare(script, a, b, pairs=args.pairs, extra=[]))
-        if "interleaved" in args.how:
+        if "interleaved" in args.how and (a, b) in (interleaved_comparisons or comparisons):
             results.append(compare_interleaved(script, a, b, pairs=args.pairs))
     print_table(results)

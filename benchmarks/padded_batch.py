@@ -16,27 +16,44 @@ replicas, global batch 64, `sk.shard` data of 19 full steps and a final batch of
 - `marked_sync_call` vs `main_sync_call`: the whole `fit(epochs=3)` call of the first,
   traced and run until it returns, per step.
 
+With `--how interleaved`, each fresh process builds both models of a step pair (the step
+functions are made once, with and without the publication) and times their `fit()` rounds
+alternately, which takes the machine's drift between processes out of the ratio.
+
     python benchmarks/padded_batch.py --pairs 5
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import harness
 import workloads
 
 EXAMPLES = workloads.GLOBAL_BATCH * (workloads.STEPS - 1) + 5
+ROUNDS = 12
+
+
+@contextlib.contextmanager
+def _publication(marked: bool):
+    """Step functions made inside publish their batch (`marked`) or run as they are."""
+    from strategykit.batches import current_step
+
+    publishing = current_step.publishing
+    if not marked:
+        current_step.publishing = lambda step_function: step_function
+    try:
+        yield
+    finally:
+        current_step.publishing = publishing
 
 
 def _setup(marked: bool, synchronized: bool):
     import keras
 
     import strategykit as sk
-    from strategykit.batches import current_step
 
-    if not marked:
-        current_step.publishing = lambda step_function: step_function
     strategy = sk.mirrored(replicas=4)
     with strategy.scope():
         model = workloads.conv_net(
@@ -47,15 +64,33 @@ def _setup(marked: bool, synchronized: bool):
 
 
 def _step(marked: bool, synchronized: bool) -> float:
-    model, data = _setup(marked, synchronized)
-    return harness.fit_step_seconds(model, data, steps=workloads.STEPS, epochs=6)
+    with _publication(marked):
+        model, data = _setup(marked, synchronized)
+        return harness.fit_step_seconds(model, data, steps=workloads.STEPS, epochs=6)
 
 
 def _whole_call(marked: bool) -> float:
-    model, data = _setup(marked, synchronized=True)
-    start = time.perf_counter()
-    model.fit(data, epochs=3, verbose=0)
+    with _publication(marked):
+        model, data = _setup(marked, synchronized=True)
+        start = time.perf_counter()
+        model.fit(data, epochs=3, verbose=0)
     return (time.perf_counter() - start) / (3 * workloads.STEPS)
+
+
+def interleaved(order: list[str]) -> dict[str, list[float]]:
+    """Both step variants of a pair in this process, their fit() rounds alternated."""
+    setups = {}
+    for variant in order:
+        marked, kind = variant.split("_")[:2]
+        with _publication(marked == "marked"):
+            setups[variant] = _setup(marked == "marked", kind == "sync")
+            harness.fit_round_seconds(*setups[variant], steps=workloads.STEPS)  # traces
+    seconds = {variant: [] for variant in order}
+    for _ in range(ROUNDS):
+        for variant in order:
+            seconds[variant].append(
+                harness.fit_round_seconds(*setups[variant], steps=workloads.STEPS))
+    return seconds
 
 
 VARIANTS = {
@@ -67,7 +102,8 @@ VARIANTS = {
     "main_sync_call": lambda: _whole_call(False),
 }
 
+STEP_COMPARISONS = [("marked_sync", "main_sync"), ("marked_plain", "main_plain")]
+
 if __name__ == "__main__":
-    harness.main(__file__, VARIANTS, [("marked_sync", "main_sync"),
-                                      ("marked_plain", "main_plain"),
-                                      ("marked_sync_call", "main_sync_call")])
+    harness.main(__file__, VARIANTS, [*STEP_COMPARISONS, ("marked_sync_call", "main_sync_call")],
+                 interleaved=interleaved, interleaved_comparisons=STEP_COMPARISONS)
