@@ -8,7 +8,8 @@
 The newest pair is the README's own test command (`pip install -e ".[dev]" && python
 -m pytest`, whole suite); the older pairs run the tests of everything that depends on
 Keras's and TensorFlow's private code or numbers: upstream/, pinning/, equivalence/, data/,
-batchnorm/, callbacks/, strategy/ and cli/ (the demo, the quiet console). Each pair's
+batchnorm/, callbacks/, strategy/, cli/ (the demo, the quiet console) and keras_hub/
+(with the newest keras-hub release that the pair's Keras allows). Each pair's
 virtualenv is kept in .nox/ and reused.
 """
 
@@ -36,7 +37,7 @@ OLDER_PAIRS = PAIRS[:-1]
 nox.options.sessions = [f"matrix({tf}-{keras})" for tf, keras in OLDER_PAIRS]
 SUBSET = ["tests/upstream", "tests/pinning", "tests/equivalence", "tests/data",
           "tests/batchnorm", "tests/callbacks", "tests/strategy", "tests/cli",
-          "tests/test_layout.py"]
+          "tests/keras_hub", "tests/test_layout.py"]
 
 
 @nox.session(name="matrix")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 
 import keras
@@ -22,7 +23,8 @@ def collect(replicas: int | None = None) -> dict:
             `sk.mirrored()` (every GPU, or the CPU).
 
     Returns:
-        A dict with `tensorflow`, `keras`, `environment` (where the workers of a job
+        A dict with `tensorflow`, `keras`, `keras_hub` (its version, None where it is
+        not installed; read without importing it), `environment` (where the workers of a job
         come from, as `sk.from_env()` detects it: `strategykit.cluster.environments`),
         `physical_devices`, `logical_devices`, `strategy` (what `sk.describe` says of
         that strategy), `checked_on` (the TensorFlow + Keras pairs strategykit was
@@ -38,6 +40,7 @@ def collect(replicas: int | None = None) -> dict:
     return {
         "tensorflow": tf.__version__,
         "keras": keras.__version__,
+        "keras_hub": _installed_version("keras-hub"),
         "environment": environments.detect().describe(),
         "physical_devices": {
             kind: len(_devices.physical_devices(kind)) for kind in ("CPU", "GPU")
@@ -57,6 +60,7 @@ def render(facts: dict, as_json: bool = False) -> str:
     rows = [
         ("TensorFlow", facts["tensorflow"]),
         ("Keras", facts["keras"]),
+        ("keras-hub", facts["keras_hub"] or "not installed (optional: strategykit[keras-hub])"),
         ("Environment", facts["environment"]),
         ("Physical devices", _count_text(facts["physical_devices"])),
         ("Logical devices", _count_text({k: len(v) for k, v in facts["logical_devices"].items()})),
@@ -79,6 +83,8 @@ _STATE_WORDS = {
     "upstream's own": "upstream's own (unknown upstream code, not needed for numbers)",
     "not installed": "not installed yet (sk.mirrored() or sk.shard() installs it)",
     "checked": "checked (private upstream code as pinned)",
+    "on import": "installed when the program imports its package",
+    "no package": "not applicable (its optional package is not installed)",
 }
 
 
@@ -92,13 +98,21 @@ def _fixes_text(facts: dict) -> str:
         entry.append(fix)
     for (affects, issue), fixes in features.items():
         states = [fix["state"] for fix in fixes]
-        state = next((s for s in ("refusing", "upstream's own", "not installed", "installed",
-                                  "checked") if s in states), "not needed")
+        state = next((s for s in ("refusing", "upstream's own", "not installed", "on import",
+                                  "no package", "installed", "checked") if s in states),
+                     "not needed")
         issue = issue.replace(" (unreported)", ", unreported")
         lines.append(f"  {_STATE_WORDS[state]}: {affects} ({issue})")
         for name in sorted({name for fix in fixes for name in fix["unknown"]}):
             lines.append(f"      differs: {name}")
     return "\n".join(lines)
+
+
+def _installed_version(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def _count_text(counts: dict) -> str:

@@ -66,6 +66,7 @@ def batch_for_replicas(
     per_replica: bool,
     size: int | None = None,
     class_weights=None,
+    preprocess=None,
     indexed: bool = False,
 ) -> tf.data.Dataset:
     """Batches one pipeline's examples for its replicas, with sample weights.
@@ -82,6 +83,10 @@ def batch_for_replicas(
         class_weights: None, or a function `(x, y) -> weights` of a batch, one per
             example (Keras's `class_weight`), multiplied into the weights before the
             batch is padded: a padded copy keeps its weight -0.0.
+        preprocess: None, or a function `(x, y, sample_weight) -> batch` (keras-hub's
+            `preprocess_samples`: a tokenizer, say) run on every batch first, before
+            its weights; it may make the labels and weights (a causal LM's next tokens
+            and padding mask), which are then weighted and padded as given ones.
         indexed: the examples are `(index, example)` pairs; each batch is then
             `(batch, indices)`, with index -1 for a padded copy.
 
@@ -100,6 +105,8 @@ def batch_for_replicas(
     def weigh(*element):
         element = element[0] if len(element) == 1 else element
         indices, element = element if indexed else (None, element)
+        if preprocess is not None:
+            element = preprocess(*split_labels(element))
         x, y, user_weight = split_labels(element)
         if y is None:
             batch = x

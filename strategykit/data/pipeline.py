@@ -15,7 +15,7 @@ from strategykit.data.batching import batch_for_replicas, count_batches
 def make_pipeline(examples, size=None, context=None, *, global_batch_size, remainder,
                   replicas=None, shuffle=False, seed=None, shuffle_buffer=None, augment=None,
                   every_replica=False, steps=None, specs=None, continuous=False,
-                  class_weights=None, indexed=False):
+                  class_weights=None, preprocess=None, indexed=False):
     """Shuffles and batches unbatched examples; used by `shard` and `shard_tfds`.
 
     With an input `context` (`distribute_datasets_from_function`) the result is this
@@ -31,7 +31,8 @@ def make_pipeline(examples, size=None, context=None, *, global_batch_size, remai
     batches; when it is known it is appended to the list `steps`, for the caller to
     state to Keras; the spec of a step's element is appended to the list `specs`. With
     `continuous`, one pass of the result is every epoch's pass from the current one on
-    (`position.positioned`). `class_weights` multiplies every batch's weights
+    (`position.positioned`). `class_weights` multiplies every batch's weights, and
+    `preprocess` (keras-hub's) turns every batch into the model's inputs first
     (`batching.batch_for_replicas`). With `indexed` (for `predict()`), every batch is
     `(batch, indices)`: each slot's index among the examples in the order they come, -1
     for a padded copy; a pass then starts at its epoch's first step whatever a resumed
@@ -75,6 +76,7 @@ def make_pipeline(examples, size=None, context=None, *, global_batch_size, remai
         batches = batch_for_replicas(
             shuffled, pipeline_batch_size=batch_size, replicas=replicas, remainder=remainder,
             per_replica=context is not None, size=size, class_weights=class_weights,
+            preprocess=preprocess,
             indexed=indexed,
         )
         return _own_replicas(batches, context, count) if every_replica else batches

@@ -26,8 +26,7 @@ from strategykit.data.batching import split_labels
 from strategykit.data.pipeline import make_pipeline
 from strategykit.data.sources import check_size, examples_source
 from strategykit.data.stream import EpochStream, attach_stream
-from strategykit.upstream import class_weights as class_weighting
-from strategykit.upstream import model_scope, state_steps
+from strategykit.upstream import model_scope, remade_data, state_steps
 
 _WEIGHTED = weakref.WeakKeyDictionary()  # distributed datasets made here that carry weights
 
@@ -205,8 +204,8 @@ def shard(
         replicas=strategy.num_replicas_in_sync, augment=augment, steps=steps, specs=specs,
     )
 
-    def distribute(continuous: bool = False, class_weights=None, indexed: bool = False):
-        build = functools.partial(pipeline, continuous=continuous, class_weights=class_weights)
+    def distribute(continuous: bool = False, indexed: bool = False, **options):
+        build = functools.partial(pipeline, continuous=continuous, **options)
         if indexed:  # predict()'s data: fit()'s steps and specs are not its
             build = functools.partial(build, indexed=True, steps=None, specs=None)
         if callable(data):
@@ -218,40 +217,45 @@ def shard(
                 lambda context: build(source(None), size, context=context, every_replica=True))
         return strategy.experimental_distribute_dataset(build(source(None)))
 
-    def made(class_weights=None):
-        """The distributed dataset, its batches' weights times `class_weights(x, y)`."""
-        distributed = distribute(class_weights=class_weights)
+    def made(**options):
+        """The distributed dataset, made with the batch `options` of `make_pipeline`:
+        `class_weights` (Keras's `class_weight`, `upstream.class_weights`) and
+        `preprocess` (keras-hub's preprocessor, `upstream.keras_hub_pipelines`)."""
+        known_steps, known_specs = len(steps), len(specs)
+        distributed = distribute(**options)
+        own_steps, own_specs = steps[known_steps:], specs[known_specs:]
+        if options.get("class_weights") is not None:
+            _check_labels(options["class_weights"], own_specs)
         keyed_by_epoch = seed is not None and (shuffle or augment is not None)
-        if steps:
-            state_steps(distributed, steps[0])
+        if own_steps:
+            state_steps(distributed, own_steps[0])
             if not is_multi_worker(strategy):
                 attach_stream(distributed, EpochStream(
-                    lambda: distribute(continuous=True, class_weights=class_weights),
-                    steps[0], element_spec=specs[0], keyed_by_epoch=keyed_by_epoch))
+                    lambda: distribute(continuous=True, **options),
+                    own_steps[0], element_spec=own_specs[0], keyed_by_epoch=keyed_by_epoch))
         _WEIGHTED[distributed] = True
         model_scope.register(distributed, strategy)
-        class_weighting.register(distributed, functools.partial(
-            _with_class_weights, made, specs[-1] if specs else None))
+        remade_data.register(distributed, lambda **changes: made(**{**options, **changes}),
+                             options)
         predict_input.register(
-            distributed, functools.partial(distribute, indexed=True), strategy,
-            from_function=callable(data), steps=steps[0] if steps else None,
+            distributed, functools.partial(distribute, indexed=True,
+                                           preprocess=options.get("preprocess")), strategy,
+            from_function=callable(data), steps=own_steps[0] if own_steps else None,
             shuffle=shuffle, drop_remainder=drop_remainder, keyed_by_epoch=keyed_by_epoch)
         return distributed
 
     return made()
 
 
-def _with_class_weights(made, element_spec, class_weights):
-    """`made(class_weights)`: `fit(class_weight=...)` on data of labels (Keras's map of
-    its class weights, `upstream.class_weights`); raises ValueError on features only."""
-    if element_spec is not None and split_labels(element_spec)[1] is None:
+def _check_labels(class_weights, specs) -> None:
+    """`fit(class_weight=...)` needs data of labels; raises ValueError on features only."""
+    if specs and split_labels(specs[-1])[1] is None:
         raise ValueError(
             "class_weight needs labels, and this sk.shard data holds features only. "
             f"Received: class_weight={class_weights.class_weight} "
-            f"and data of element_spec={element_spec}. Pass (x, y) to sk.shard, or fit "
+            f"and data of element_spec={specs[-1]}. Pass (x, y) to sk.shard, or fit "
             "without class_weight."
         )
-    return made(class_weights)
 
 
 def replica_batches(ds, strategy: tf.distribute.Strategy, steps: int | None = None, *,

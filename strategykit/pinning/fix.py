@@ -16,7 +16,9 @@ import dataclasses
 import functools
 import hashlib
 import importlib
+import importlib.util
 import inspect
+import sys
 from collections.abc import Callable
 
 import keras
@@ -60,6 +62,11 @@ class Fix:
             does what the fix does (a Keras release with the issue fixed): where all
             match, the fix is not needed and installs nothing. Empty: needed on every
             version.
+        package: the optional package (`"keras_hub"`) the owner belongs to, which
+            strategykit does not import: until the program imports it the fix waits
+            (`"on import"`; `strategykit.upstream.install` installs it right after the
+            import), and where it is not installed there is nothing to fix (`"no
+            package"`). None: TensorFlow's or Keras's code, always there.
         guard: for an attribute a function cannot stand for (a property): called with
             the fix, it returns the attribute installed where the code is unknown,
             upstream's own behaviour except where the fix is needed, where it raises
@@ -76,6 +83,15 @@ class Fix:
     refuses_when: Callable[..., bool] | None = None
     fixed_upstream: dict = dataclasses.field(default_factory=dict)
     guard: Callable[[Fix], object] | None = None
+    package: str | None = None
+
+    def imported(self) -> bool:
+        """Whether the owner's package is imported (always, without `package`)."""
+        return self.package is None or self.package in sys.modules
+
+    def absent(self) -> bool:
+        """Whether the owner's optional `package` is not installed at all."""
+        return self.package is not None and importlib.util.find_spec(self.package) is None
 
     def owner_class(self):
         """The class (or module) whose attribute is replaced."""
@@ -84,8 +100,8 @@ class Fix:
     def unknown_code(self) -> dict:
         """`{name: what is found}` of the code relied on that differs from every pinned
         fingerprint (`"missing"` where it is gone); empty on code the fix knows, and
-        where the fix is not needed."""
-        return {} if self.not_needed() else differing(self.relies_on)
+        where the fix is not needed or its optional package is not installed."""
+        return {} if self.absent() or self.not_needed() else differing(self.relies_on)
 
     def not_needed(self) -> bool:
         """Whether upstream's code does what the fix does (`fixed_upstream`)."""
@@ -93,17 +109,25 @@ class Fix:
 
     def installed(self) -> bool:
         """Whether the replacement is in place (not the guard, not upstream's own)."""
-        return self.owner_class().__dict__.get(self.attribute) is self.replacement
+        return self.imported() and (
+            self.owner_class().__dict__.get(self.attribute) is self.replacement)
 
     def guarded(self) -> bool:
         """Whether the guard of `refuses_when` is in place: the code was unknown."""
         guard = _GUARDS.get(self)
-        return guard is not None and self.owner_class().__dict__.get(self.attribute) is guard
+        return guard is not None and self.imported() and (
+            self.owner_class().__dict__.get(self.attribute) is guard)
 
     def state(self) -> str:
         """`"installed"`, `"not needed"` (fixed upstream in this version), `"refusing"`
         (unknown upstream code: the guard is in place), `"upstream's own"` (unknown
-        code, where upstream's own is right) or `"not installed"`."""
+        code, where upstream's own is right), `"not installed"`, or for an optional
+        package's code `"no package"` (not installed) or `"on import"` (the package
+        not imported yet)."""
+        if self.absent():
+            return "no package"
+        if not self.imported():
+            return "on import"
         if self.installed():
             return "installed"
         if self.not_needed():
@@ -118,8 +142,11 @@ class Fix:
         """Installs the replacement, or where the code is unknown the guard; idempotent.
 
         Returns:
-            True where the replacement is in place or not needed.
+            True where the replacement is in place or not needed, or where the fix's
+            optional package is not imported (nothing to fix yet).
         """
+        if not self.imported():
+            return True
         if self.installed() or self.guarded():
             return self.installed()
         if self.not_needed():
@@ -141,9 +168,9 @@ class Fix:
     def uninstall(self) -> None:
         """Puts upstream's own attribute back (replacement or guard); idempotent."""
         _UNKNOWN.pop(self, None)
-        owner = self.owner_class()
         if not (self.installed() or self.guarded()):
             return
+        owner = self.owner_class()
         original = _ORIGINALS.pop((owner, self.attribute))
         if original is None:
             delattr(owner, self.attribute)

@@ -38,9 +38,9 @@ Example:
     >>> sorted({fix.issue for fix in sk.upstream.FIXES})  # doctest: +NORMALIZE_WHITESPACE
     ['keras-team/keras (unreported)', 'keras-team/keras#19246', 'keras-team/keras#20134',
      'keras-team/keras#20164', 'keras-team/keras#20582', 'keras-team/keras#20585',
-     'keras-team/keras#21061', 'keras-team/keras#22018', 'keras-team/keras@3.12.0',
-     'tensorflow/tensorflow#39268', 'tensorflow/tensorflow#41290',
-     'tensorflow/tensorflow#67677']
+     'keras-team/keras#21061', 'keras-team/keras#22018',
+     'keras-team/keras-hub (unreported)', 'keras-team/keras@3.12.0', 'tensorflow/tensorflow#39268',
+     'tensorflow/tensorflow#41290', 'tensorflow/tensorflow#67677']
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ import warnings
 import keras
 import tensorflow as tf
 
+from strategykit.pinning import imports
 from strategykit.pinning.fix import (
     CHECKED_ON,
     Fix,
@@ -71,6 +72,7 @@ from strategykit.upstream import (
     exact_metrics,
     exact_predictions,
     gradient_clipping,
+    keras_hub_pipelines,
     log_values,
     metric_variables,
     multi_worker,
@@ -91,7 +93,8 @@ FIXES = (*metric_variables.FIXES, *distributed_datasets.FIXES, *log_values.FIXES
          *epoch_input.FIXES, *steps_per_execution.FIXES, *replica_losses.FIXES,
          *reported_losses.FIXES, *optimizer_build.FIXES, *traceback_frames.FIXES,
          *class_weights.FIXES, *every_fit.FIXES, *sparse_gradients.FIXES,
-         *gradient_clipping.FIXES, *exact_predictions.FIXES, *batch_norm_moments.FIXES)
+         *gradient_clipping.FIXES, *exact_predictions.FIXES, *batch_norm_moments.FIXES,
+         *keras_hub_pipelines.FIXES)
 """Every fix, in the order `install()` installs them."""
 
 PINNED = (*coordination.PINNED, *step_count.PINNED, *strategy_internals.PINNED,
@@ -109,6 +112,7 @@ class UpstreamVersionWarning(UserWarning):
 
 
 _warned = [False]
+_awaited: set = set()  # optional packages whose fixes install when they are imported
 
 
 def install() -> None:
@@ -118,14 +122,19 @@ def install() -> None:
     Each fix first compares its fingerprints with those of the versions it was checked
     on. Where the code is unknown it installs a guard instead (the feature it fixes
     raises `UnknownUpstreamCode` when used), and the first such install warns once, in
-    one line, with an `UpstreamVersionWarning`.
+    one line, with an `UpstreamVersionWarning`. A fix of an optional package's code
+    (keras-hub's) is installed when the program imports that package, before or after
+    this call: strategykit never imports it itself.
 
     Example:
         >>> from strategykit import upstream
         >>> upstream.install()
-        >>> all(fix.state() in ("installed", "not needed") for fix in upstream.FIXES)
+        >>> {fix.state() for fix in upstream.FIXES} <= {"installed", "not needed", "on import"}
         True
     """
+    for package in {fix.package for fix in FIXES if not fix.imported()} - _awaited:
+        _awaited.add(package)
+        imports.when_imported(package, install)
     unknown = [fix for fix in FIXES if not fix.install()]
     unknown += [access for access in PINNED if not access.known()]
     if unknown and not _warned[0]:
@@ -168,9 +177,9 @@ def status() -> list[dict]:
     Returns:
         One dict per fix and pinned access: `issue`, `affects`, `replaces` (the
         upstream attribute; None for an access), `state` (`"installed"`, `"not
-        needed"`, `"refusing"`, `"upstream's own"` or `"not installed"`, see
-        `Fix.state`; `"checked"` for an access on the code pinned, see
-        `PinnedAccess.state`) and `unknown` (the upstream code that
+        needed"`, `"refusing"`, `"upstream's own"`, `"not installed"`, `"on import"`
+        or `"no package"`, see `Fix.state`; `"checked"` for an access on the code
+        pinned, see `PinnedAccess.state`) and `unknown` (the upstream code that
         differs from what the fix was checked on, with its fingerprint: empty on a
         checked version).
 
@@ -178,7 +187,7 @@ def status() -> list[dict]:
         >>> from strategykit import upstream
         >>> upstream.install()
         >>> states = {entry["state"] for entry in upstream.status()}
-        >>> states <= {"installed", "not needed", "checked"}
+        >>> states <= {"installed", "not needed", "checked", "on import"}
         True
     """
     return [{"issue": fix.issue, "affects": fix.affects,

@@ -8,51 +8,23 @@ carry sample weights (on one replica too: `You cannot class_weight and sample_we
 the same time`). tensorflow/tensorflow#41290 (tf.keras, closed unfixed); Keras 3.8.0
 to 3.15.1 all do this.
 
-The datasets `sk.shard` makes register how to remake themselves (`register`). For such
-a dataset and a `class_weight`, `TFDatasetAdapter.__init__` is handed that dataset
-remade with Keras's own class weights (`make_class_weight_map_fn`, so the classes are
-read from `y` as one device reads them) multiplied into every batch's weights before it
-is padded and distributed, and no `class_weight`. Every other dataset goes to Keras's
-own code unchanged.
+The datasets `sk.shard` makes register how to remake themselves
+(`strategykit.upstream.remade_data`). For such a dataset and a `class_weight`,
+`TFDatasetAdapter.__init__` is handed that dataset remade with Keras's own class weights
+(`make_class_weight_map_fn`, so the classes are read from `y` as one device reads them)
+multiplied into every batch's weights before it is padded and distributed, and no
+`class_weight`. Every other dataset goes to Keras's own code unchanged.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import weakref
 
 from strategykit.pinning.fix import Fix, original, resolve
+from strategykit.upstream.remade_data import remaker_of
 
 _ADAPTERS = "keras.src.trainers.data_adapters"
 _TF_ADAPTER = f"{_ADAPTERS}.tf_dataset_adapter"
-_REMAKERS = weakref.WeakKeyDictionary()  # dataset -> remake(class_weights)
-
-
-def register(dataset, remake) -> None:
-    """Lets `fit(dataset, class_weight=...)` use `remake` for `dataset`.
-
-    Args:
-        dataset: a (distributed) dataset made by `sk.shard`.
-        remake: `remake(class_weights)` returns the same data whose batches' weights are
-            multiplied by `class_weights(x, y)` (a `ClassWeights`) before padding; it
-            raises `ValueError` where the data cannot take class weights.
-
-    Example:
-        >>> import tensorflow as tf
-        >>> data = tf.data.Dataset.range(3)
-        >>> register(data, lambda class_weights: data)
-        >>> remaker_of(data) is not None
-        True
-    """
-    _REMAKERS[dataset] = remake
-
-
-def remaker_of(dataset):
-    """The `remake` registered for `dataset`, or None."""
-    try:
-        return _REMAKERS.get(dataset)
-    except TypeError:  # not weakly referable: not one of sk.shard's
-        return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,7 +56,7 @@ def _init_with_class_weights(self, dataset, class_weight=None, distribution=None
     remade with the class weights in its sample weights first."""
     remake = remaker_of(dataset) if class_weight is not None else None
     if remake is not None:
-        dataset, class_weight = remake(ClassWeights(class_weight)), None
+        dataset, class_weight = remake(class_weights=ClassWeights(class_weight)), None
     original(resolve(f"{_TF_ADAPTER}:TFDatasetAdapter"), "__init__")(
         self, dataset, class_weight=class_weight, distribution=distribution)
 

@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 import strategykit as sk
-from strategykit.upstream import class_weights
+from strategykit.upstream import class_weights, remade_data
 
 CLASS_WEIGHT = {0: 0.5, 1: 2.0}
 GLOBAL_BATCH = 8
@@ -84,7 +84,7 @@ def test_padded_copies_keep_their_weight_with_class_weights(make_strategy):
     strategy = make_strategy(4)
     ids = np.arange(10)
     ds = sk.shard((ids, ids % 2), strategy, global_batch_size=8)
-    remade = class_weights.remaker_of(ds)(lambda x, y: tf.gather([0.0, 3.0], y))
+    remade = remade_data.remaker_of(ds)(class_weights=lambda x, y: tf.gather([0.0, 3.0], y))
     *_, final = list(remade)
     weights = [t.numpy().tolist() for t in strategy.experimental_local_results(final[2])]
     # 2 real examples (8 and 9, of classes 0 and 1), weighed up by 8 / 2.

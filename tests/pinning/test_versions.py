@@ -17,13 +17,15 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 def _dependencies() -> dict:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    return {re.split(r"[<>=!~ ]", spec)[0]: spec for spec in project["dependencies"]}
+    specs = [*project["dependencies"], *project["optional-dependencies"]["keras-hub"]]
+    return {re.split(r"[<>=!~ ]", spec)[0]: spec for spec in specs}
 
 
 def test_pyproject_bounds_are_the_supported_ranges():
     dependencies = _dependencies()
     assert dependencies["tensorflow"] == "tensorflow" + ",".join(versions.TENSORFLOW_RANGE)
     assert dependencies["keras"] == "keras" + ",".join(versions.KERAS_RANGE)
+    assert dependencies["keras-hub"] == "keras-hub" + ",".join(versions.KERAS_HUB_RANGE)
 
 
 def test_every_checked_pair_and_fingerprinted_release_is_inside_the_range():
@@ -43,6 +45,9 @@ def test_every_checked_pair_and_fingerprinted_release_is_inside_the_range():
     assert all(inside(release, versions.KERAS_RANGE)
                for release in versions.KERAS_FINGERPRINTED)
     assert versions.CHECKED_ON[-1][1] == versions.KERAS_FINGERPRINTED[-1]
+    assert all(inside(release, versions.KERAS_HUB_RANGE)
+               for release in versions.KERAS_HUB_FINGERPRINTED)
+    assert versions.KERAS_HUB_RANGE[-1] == "<=" + versions.KERAS_HUB_FINGERPRINTED[-1]
     assert inside(tf.__version__, versions.TENSORFLOW_RANGE)
     assert inside(keras.__version__, versions.KERAS_RANGE)
 
