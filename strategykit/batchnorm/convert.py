@@ -21,6 +21,7 @@ import keras
 import tensorflow as tf
 
 from strategykit.batchnorm.layer import SyncBatchNormalization
+from strategykit.pinning.legacy_keras import check_not_keras_2
 
 _SUBCLASSED_HINT = (
     "Cloning needs the layer graph of a Sequential or Functional model. In a subclassed "
@@ -64,7 +65,9 @@ def convert_sync_batchnorm(model: keras.Model, *, synchronized: bool = True) -> 
         strategy a converted copy of the same kind.
 
     Raises:
-        ValueError: `model` is not a Keras model, is (or contains) a subclassed model
+        ValueError: `model` is not a Keras 3 model (a Keras 2 model from tf_keras, or
+            `tf.keras` under `TF_USE_LEGACY_KERAS=1`, included), is (or contains) a
+            subclassed model
             whose layers cannot be converted, or uses batch renormalization
             (`renorm=True`).
 
@@ -85,14 +88,17 @@ def convert_sync_batchnorm(model: keras.Model, *, synchronized: bool = True) -> 
         >>> type(base.layers[1]).__name__
         'BatchNormalization'
     """
+    check_not_keras_2(model, "model")
     if not isinstance(model, keras.Model):
+        received = f"a {type(model).__name__}" if model is not None else "None"
         raise ValueError(
-            f"convert_sync_batchnorm expects a Keras model. Received: "
-            f"{type(model).__name__}. Pass a keras.Sequential or Functional keras.Model."
+            f"convert_sync_batchnorm expects a Keras model. Received: model={received}. "
+            "Pass a keras.Sequential or Functional keras.Model (Keras 3, `import keras`)."
         )
     if not isinstance(synchronized, bool):
         raise ValueError(
-            f"synchronized must be True or False. Received: synchronized={synchronized!r}."
+            f"synchronized must be True or False. Received: synchronized={synchronized!r}. "
+            "Pass True (default) to synchronize, False to go back to BatchNormalization."
         )
     if not _is_graph_model(model):
         raise ValueError(

@@ -35,6 +35,7 @@ from strategykit.cluster.chief_files import writable_path
 from strategykit.cluster.roles import is_chief, is_multi_worker
 from strategykit.data import position
 from strategykit.launcher.worker_contract import PREEMPTED
+from strategykit.pinning.legacy_keras import check_not_keras_2
 from strategykit.strategy.reduction import every_replica
 
 _BACKUP = re.compile(r"^backup-(\d+)$")
@@ -87,7 +88,8 @@ class BackupAndRestore(keras.callbacks.Callback):
             True.
 
     Raises:
-        ValueError: an empty `backup_dir` or an invalid `save_freq`.
+        ValueError: `backup_dir` empty or not a path, an invalid `save_freq`, or (at
+            `fit()`) a Keras 2 model from tf_keras.
 
     Example:
         >>> import strategykit as sk
@@ -101,7 +103,7 @@ class BackupAndRestore(keras.callbacks.Callback):
     def __init__(self, backup_dir, save_freq="epoch", double_checkpoint=False,
                  delete_checkpoint=True):
         super().__init__()
-        if not backup_dir:
+        if not backup_dir or not isinstance(backup_dir, (str, os.PathLike)):
             raise ValueError(
                 f"backup_dir must name a directory. Received: backup_dir={backup_dir!r}. "
                 "Pass e.g. backup_dir='/tmp/backup' (the same path on every worker).")
@@ -112,6 +114,10 @@ class BackupAndRestore(keras.callbacks.Callback):
         keras.callbacks.BackupAndRestore(self.backup_dir, save_freq=save_freq)  # checks it
         self._writer = None
         self._short_epoch = None
+
+    def set_model(self, model):
+        check_not_keras_2(model, "model")  # fit() of a tf_keras model
+        super().set_model(model)
 
     def on_train_begin(self, logs=None):
         strategy = self.model.distribute_strategy

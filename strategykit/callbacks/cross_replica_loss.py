@@ -11,6 +11,7 @@ from strategykit.callbacks import nan_guard, replica_drift
 from strategykit.callbacks.progress import ProgressDisplay, check_progress, shown_keys
 from strategykit.callbacks.step_hooks import StepHooks
 from strategykit.cluster.roles import is_multi_worker
+from strategykit.pinning.legacy_keras import check_not_keras_2
 from strategykit.strategy.reduction import REDUCE_OPS, reduce_stacked
 
 DEFAULT_REDUCTIONS = ("mean", "min", "max", "std")
@@ -80,7 +81,8 @@ class CrossReplicaLoss(keras.callbacks.ProgbarLogger):
         drift: the `replica_drift` of each epoch.
 
     Raises:
-        ValueError: unknown `reductions`, `on_nan` or `progress`.
+        ValueError: unknown `reductions`, `on_nan` or `progress`, a flag not True or
+            False, or (at `fit()`) a Keras 2 model from tf_keras.
         NonFiniteError: with `on_nan="raise"`, when a loss or weight is not finite.
 
     Example:
@@ -101,15 +103,23 @@ class CrossReplicaLoss(keras.callbacks.ProgbarLogger):
         progress="auto",
     ):
         super().__init__()
-        if isinstance(reductions, str) or any(op not in REDUCE_OPS for op in reductions):
+        chosen = _as_tuple(reductions)
+        if chosen is None or not all(op in REDUCE_OPS for op in chosen):
             raise ValueError(
                 f"reductions must be a list of reductions. Received: reductions="
                 f"{reductions!r}. Use any of {', '.join(repr(o) for o in REDUCE_OPS)}, "
                 "e.g. reductions=('mean', 'max')."
             )
+        for name, value in (("per_replica", per_replica), ("batch_logs", batch_logs),
+                            ("sync_moving_stats", sync_moving_stats)):
+            if not isinstance(value, bool):
+                raise ValueError(
+                    f"{name} must be True or False. Received: {name}={value!r}. Pass "
+                    f"{name}=True or {name}=False."
+                )
         nan_guard.check_on_nan(on_nan)
         check_progress(progress)
-        self.reductions = tuple(reductions)
+        self.reductions = chosen
         self.per_replica = per_replica
         self.batch_logs = batch_logs
         self.on_nan = on_nan
@@ -127,6 +137,7 @@ class CrossReplicaLoss(keras.callbacks.ProgbarLogger):
     # Keras's progress bar, drawn by this callback (see `callbacks.progress`).
 
     def set_model(self, model):
+        check_not_keras_2(model, "model")  # fit() of a tf_keras model
         keras.callbacks.Callback.set_model(self, model)
         self._display.set_model(model)
 
@@ -299,3 +310,10 @@ class CrossReplicaLoss(keras.callbacks.ProgbarLogger):
         if self._hooks is not None:
             self._hooks.uninstall()
         self._hooks = None
+
+
+def _as_tuple(reductions) -> tuple | None:
+    """`reductions` as a tuple, or None for a string or what is not a collection."""
+    if isinstance(reductions, str) or not hasattr(reductions, "__iter__"):
+        return None
+    return tuple(reductions)

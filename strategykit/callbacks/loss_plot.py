@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import pathlib
 import re
 
@@ -36,6 +37,9 @@ class LossPlot(keras.callbacks.Callback):
             Jupyter), True or False.
         title: the plot's title. Default `"Loss per replica"`.
 
+    Raises:
+        ValueError: `path` not a path or None, or `show` not `"auto"`, True or False.
+
     Attributes:
         history: `{key: [value per epoch]}` of every loss key plotted.
 
@@ -52,6 +56,11 @@ class LossPlot(keras.callbacks.Callback):
             raise ValueError(
                 f"show must be 'auto', True or False. Received: show={show!r}. Use "
                 "show='auto' to display only in Jupyter."
+            )
+        if path is not None and not isinstance(path, (str, os.PathLike)):
+            raise ValueError(
+                f"path must be a file path or None. Received: path={path!r}. Pass e.g. "
+                "path='loss.png', or None (default) for no file."
             )
         self.path = pathlib.Path(path) if path is not None else None
         self.show = _in_notebook() if show == "auto" else show

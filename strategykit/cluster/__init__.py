@@ -3,7 +3,8 @@
 Holds the environments a job reads (`environments/`: `TF_CONFIG`, SLURM, Kubernetes,
 one module each, behind one interface that also counts the workers and finds this
 worker's index), which worker this process is (`roles`, `sk.is_chief`), chief-only
-files, this machine's public address, and the callback that reports a worker's progress
+files, this machine's public address, the `strategy` argument checked
+(`strategy_argument`), and the callback that reports a worker's progress
 (`progress_reporter`: to `strategykit launch`, or to the worker's own `stall_watchdog`).
 Builds on TensorFlow's cluster resolvers and on what `strategykit.launcher` and its
 workers agree on (`strategykit.launcher.worker_contract`); the launcher itself is in

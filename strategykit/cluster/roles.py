@@ -11,6 +11,7 @@ import tensorflow as tf
 
 from strategykit.cluster import environments
 from strategykit.cluster.environments import Task, count_workers, worker_position
+from strategykit.cluster.strategy_argument import check_strategy
 
 
 def is_chief(strategy: tf.distribute.Strategy | None = None) -> bool:
@@ -28,11 +29,15 @@ def is_chief(strategy: tf.distribute.Strategy | None = None) -> bool:
         True on the chief (the task of type `"chief"`, otherwise worker 0) and whenever
         there is one worker only; False on every other worker.
 
+    Raises:
+        ValueError: `strategy` is neither a `tf.distribute.Strategy` nor None.
+
     Example:
         >>> import strategykit as sk
         >>> sk.is_chief()  # one machine, no TF_CONFIG
         True
     """
+    check_strategy(strategy, optional=True)
     task = _task(strategy)
     if task.type == "chief":
         return True

@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from strategykit import upstream
 from strategykit.cluster.roles import is_multi_worker
+from strategykit.cluster.strategy_argument import check_strategy
 from strategykit.data import position, predict_input
 from strategykit.data.batching import split_labels
 from strategykit.data.pipeline import make_pipeline
@@ -49,7 +50,7 @@ def per_replica_batch_size(strategy: tf.distribute.Strategy, global_batch_size: 
         >>> sk.per_replica_batch_size(sk.mirrored(replicas=2), 64)  # doctest: +SKIP
         32
     """
-    _check_strategy(strategy)
+    check_strategy(strategy)
     replicas = strategy.num_replicas_in_sync
     if (not isinstance(global_batch_size, (int, np.integer)) or isinstance(global_batch_size, bool)
             or global_batch_size < 1):
@@ -163,8 +164,9 @@ def shard(
 
     Raises:
         ValueError: a batch size that does not divide over the replicas, data that is
-            already batched, of unequal lengths, empty, or of an unsupported type, or
-            `shuffle=True` without a seed across several workers.
+            already batched, of unequal lengths, empty, or of an unsupported type (a
+            model, say), an `augment` that is not a function, a `strategy` that is not
+            one, or `shuffle=True` without a seed across several workers.
 
     Example:
         >>> import numpy as np, strategykit as sk
@@ -175,6 +177,12 @@ def shard(
         [[[0, 1], [2, 3]], [[4, 5], [6, 7]], [[8], [9]]]
     """
     per_replica_batch_size(strategy, global_batch_size)
+    if augment is not None and not callable(augment):
+        raise ValueError(
+            "augment must be a function, run on every example before batching. Received: "
+            f"augment={augment!r}. Pass a function (example, seed) -> example, e.g. "
+            "augment=lambda example, seed: (tf.image.stateless_random_flip_left_right("
+            "example[0], seed), example[1]), or None.")
     upstream.install()  # Keras then counts only the real examples of a padded batch
     remainder = "drop" if drop_remainder else ("pad" if pad_remainder else "split")
     if remainder == "pad" and strategy.num_replicas_in_sync == 1:
@@ -282,7 +290,11 @@ def replica_batches(ds, strategy: tf.distribute.Strategy, steps: int | None = No
         >>> sk.replica_batches(ds, strategy, steps=2)  # doctest: +SKIP
         [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]
     """
-    _check_strategy(strategy)
+    check_strategy(strategy)
+    if not isinstance(ds, (tf.distribute.DistributedDataset, tf.data.Dataset)):
+        raise ValueError(
+            "ds must be a distributed dataset, such as sk.shard makes. Received: ds of type "
+            f"{type(ds).__name__}. Pass sk.shard(data, strategy, global_batch_size=...).")
     if epoch is not None:
         position.set_epoch(epoch)
     weighted = _WEIGHTED.get(ds, False)
@@ -304,13 +316,3 @@ def _real_values(values, weights, padding):
         weights = np.asarray(weights)  # (B,), or (B, 1, 1) for label maps
         values = values[np.any(weights > 0, axis=tuple(range(1, weights.ndim)))]
     return values.tolist()
-
-
-def _check_strategy(strategy):
-    if not isinstance(strategy, tf.distribute.Strategy):
-        raise ValueError(
-            f"strategy must be a tf.distribute.Strategy. Received: {type(strategy).__name__}. "
-            "Build one with sk.mirrored() or sk.from_env(), or, for one device without a "
-            "strategy (the same examples in the same order), pass "
-            "tf.distribute.get_strategy()."
-        )

@@ -7,6 +7,7 @@ batched twice.
 
 from __future__ import annotations
 
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -15,6 +16,12 @@ from strategykit.upstream.dataset_inputs import input_datasets
 
 def examples_source(data):
     """A function `context -> unbatched tf.data.Dataset`, and the size when known."""
+    if isinstance(data, keras.layers.Layer):  # callable, yet no fn(input_context)
+        raise ValueError(
+            f"data must be the examples, not a model. Received: data=a {type(data).__name__}"
+            " (a Keras model or layer). Pass numpy arrays, a tuple (x, y) or dict of arrays,"
+            " an unbatched tf.data.Dataset, or fn(input_context) -> tf.data.Dataset, and "
+            "the model to fit() afterwards.")
     if callable(data) and not isinstance(data, tf.data.Dataset):
         return (lambda context: check_unbatched(data(context), "fn(input_context)")), None
     if isinstance(data, tf.data.Dataset):

@@ -19,6 +19,7 @@ examples it sees through `for batch in dataset`, in the same order.
 
 from __future__ import annotations
 
+import numbers
 import threading
 import weakref
 
@@ -161,6 +162,11 @@ def epochs(dataset, epochs: int, *, initial_epoch: int = 0):
         ...     for batch in batches:
         ...         strategy.run(lambda x: x * 2, args=(batch,))
     """
+    for name, value in (("epochs", epochs), ("initial_epoch", initial_epoch)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+            raise ValueError(
+                f"{name} must be an int >= 0, as in fit(). Received: {name}={value!r}. "
+                f"Pass e.g. {name}={3 if name == 'epochs' else 0}.")
     stream = stream_of(dataset)
     for epoch in range(initial_epoch, epochs):
         position.set_epoch(epoch)

@@ -134,6 +134,12 @@ def shard_tfds(
         >>> ds = sk.shard_tfds("mnist", "train", strategy, global_batch_size=64,
         ...                    data_dir="/data/tfds", shuffle=True, seed=0)  # doctest: +SKIP
     """
+    for argument, value in (("name", name), ("split", split)):
+        if not isinstance(value, str):
+            raise ValueError(
+                f"{argument} must be a string. Received: {argument}={value!r}. Pass e.g. "
+                + ("name='mnist', a TFDS dataset name." if argument == "name"
+                   else "split='train' (or 'test', 'train[:80%]')."))
     builder = prepared_builder(name, data_dir)
     try:
         size = builder.info.splits[split].num_examples

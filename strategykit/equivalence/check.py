@@ -17,7 +17,12 @@ import tensorflow as tf
 from strategykit.equivalence import added_terms, feeds, randomness, update_factor
 from strategykit.equivalence import metric_differences as metrics
 from strategykit.equivalence import weight_differences as differ
-from strategykit.equivalence.arguments import check_arguments, check_options
+from strategykit.equivalence.arguments import (
+    check_arguments,
+    check_model_fn,
+    check_options,
+    check_run,
+)
 from strategykit.equivalence.precision import (
     cast_floats,
     cast_regularizers,
@@ -26,6 +31,7 @@ from strategykit.equivalence.precision import (
 )
 from strategykit.equivalence.quiet import float64_quieted
 from strategykit.equivalence.report import CheckReport
+from strategykit.pinning.legacy_keras import check_not_keras_2
 from strategykit.strategy.build import mirrored
 
 __all__ = ["CheckReport", "check"]
@@ -91,9 +97,11 @@ def check(
     threads during a check.
 
     Args:
-        model_fn: a function without arguments returning a compiled Keras model. It is
-            called twice: once outside any strategy, once inside the N-replica scope,
-            both times under the dtype policy `dtype`.
+        model_fn: a function without arguments returning a freshly built, compiled
+            Keras 3 model, e.g. `lambda: build_model()`. It is called twice: once
+            outside any strategy, once inside the N-replica scope, both times under
+            the dtype policy `dtype`. A model itself is refused: its variables belong
+            to the scope it was built in, and a copy would not be built in `dtype`.
         data: `(x, y)` or `(x, y, sample_weight)` numpy arrays (x a dict or list of
             arrays for several inputs), or the inputs alone for a model trained on `x`
             (an autoencoder's or a VAE's custom `train_step`): an array, a dict of
@@ -135,14 +143,15 @@ def check(
         otherwise on N replicas (a sum over the batch counts 1/N).
 
     Raises:
-        ValueError: `data` not arrays, `(x,)`, `(x, y)` or `(x, y, sample_weight)`, or a
-            batched dataset, an invalid `dtype`
-            or `gradient_accumulation_steps`,
-            `global_batch_size` not a multiple of `replicas`, data holding fewer than
-            `steps` updates' worth of examples, `model_fn` returning an uncompiled
-            model or one whose weights mix `dtype` and another dtype, or with K > 1
-            an optimizer that already accumulates gradients or is a
-            `LossScaleOptimizer`.
+        ValueError: `model_fn` a model or anything but a function (a model is refused,
+            not cloned: pass `lambda: build_model()`), `data` not arrays, `(x,)`,
+            `(x, y)` or `(x, y, sample_weight)`, or a batched dataset, an invalid
+            `dtype`, `gradient_accumulation_steps`, `steps`, `tolerance` or `strategy`,
+            `global_batch_size` not a positive multiple of `replicas`, data holding
+            fewer than `steps` updates' worth of examples, `model_fn` returning an
+            uncompiled model, a Keras 2 (tf_keras) model, the same model twice, or one
+            whose weights mix `dtype` and another dtype, or with K > 1 an optimizer
+            that already accumulates gradients or is a `LossScaleOptimizer`.
 
     Example:
         >>> import keras, numpy as np, strategykit as sk
@@ -158,7 +167,9 @@ def check(
         >>> report = sk.check(model_fn, (x, x.sum(1)), replicas=2,  # doctest: +SKIP
         ...                   gradient_accumulation_steps=2)
     """
+    check_model_fn(model_fn)
     check_options(dtype, gradient_accumulation_steps)
+    check_run(strategy, global_batch_size, steps, tolerance)
     strategy = strategy or mirrored(replicas=replicas)
     replicas = strategy.num_replicas_in_sync
     global_batch_size = global_batch_size or 4 * replicas
@@ -177,7 +188,7 @@ def check(
         single_logs, single_first = _train(
             single, feeds.one_device(trained, global_batch_size), first_update=accumulation)
         with strategy.scope():
-            distributed = _prepared(model_fn, accumulation, dtype)
+            distributed = _prepared(model_fn, accumulation, dtype, first=single)
         randomness.switch_off(distributed)
         distributed.set_weights(initial_weights)
         distributed_logs, distributed_first = _train(
@@ -254,22 +265,37 @@ def _train(model: keras.Model, feed: dict, first_update: int):
     return metrics.floats(history.history), after_first_update
 
 
-def _prepared(model_fn, accumulation: int, dtype: str | None) -> keras.Model:
-    """`model_fn()`, checked, its optimizer accumulating, its regularizers in `dtype`."""
-    model = _accumulating(_compiled(model_fn), accumulation)
+def _prepared(model_fn, accumulation: int, dtype: str | None, first=None) -> keras.Model:
+    """`model_fn()`, checked (a model other than `first`), its optimizer accumulating,
+    its regularizers in `dtype`."""
+    model = _accumulating(_compiled(model_fn, first), accumulation)
     cast_regularizers(model, dtype)
     return model
 
 
-def _compiled(model_fn) -> keras.Model:
+def _compiled(model_fn, first=None) -> keras.Model:
     model = model_fn()
+    check_not_keras_2(model, "model_fn()")
+    if model is first:
+        raise ValueError(
+            "model_fn returned the same model object twice; sk.check needs a fresh model "
+            "for each run, the second built inside the N-replica strategy's scope. "
+            f"Received: model_fn returning the model {model.name!r} each call. Build, "
+            "compile and return a new model inside model_fn, e.g. sk.check(lambda: "
+            "build_model(), data)."
+        )
     if not isinstance(model, keras.Model) or not model.compiled:
         raise ValueError(
-            f"model_fn must return a compiled Keras model. Received: {type(model).__name__}"
-            f"{'' if not isinstance(model, keras.Model) else ' (not compiled)'}. Call "
+            f"model_fn must return a compiled Keras model. Received: model_fn() returned "
+            f"{_a(type(model).__name__)}"
+            f"{'' if not isinstance(model, keras.Model) else ' model (not compiled)'}. Call "
             "model.compile(optimizer, loss) inside model_fn before returning the model."
         )
     return model
+
+
+def _a(noun: str) -> str:
+    return f"{'an' if noun[0].lower() in 'aeiou' else 'a'} {noun}"
 
 
 def _accumulating(model: keras.Model, steps: int) -> keras.Model:

@@ -24,6 +24,8 @@ import weakref
 import keras
 import tensorflow as tf
 
+from strategykit.pinning.legacy_keras import check_not_keras_2
+
 _COMBINES = {
     "sum": None,  # Keras's own: each copy a part of the sum
     "max": lambda values: tf.reduce_max(values, axis=0),
@@ -52,7 +54,8 @@ def combine_across_replicas(metric, **combine):
         `metric`, so that it can wrap a class definition or an instance in `compile()`.
 
     Raises:
-        ValueError: `metric` is not a Keras metric, no variable is named, a combine is
+        ValueError: `metric` is not a Keras 3 metric (a Keras 2 one from tf_keras is
+            refused), no variable is named, a combine is
             unknown, or an instance has no variable of a given name.
 
     Example:
@@ -67,6 +70,7 @@ def combine_across_replicas(metric, **combine):
         ...         return self.maximum
         >>> _ = sk.combine_across_replicas(RunningMax, maximum="max")
     """
+    check_not_keras_2(metric, "metric")
     is_class = isinstance(metric, type)
     if not (issubclass(metric, keras.metrics.Metric) if is_class
             else isinstance(metric, keras.metrics.Metric)):

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import numbers
+
 import tensorflow as tf
 
 from strategykit import upstream
 from strategykit.cluster import environments, progress_reporter, public_address
+from strategykit.pinning.legacy_keras import warn_if_legacy_keras
 from strategykit.strategy import devices as _devices
 from strategykit.upstream import strategy_internals
 from strategykit.upstream.every_fit import add_to_every_fit
 
 CROSS_DEVICE_OPS = ("auto", "nccl", "hierarchical_copy", "reduce_to_one_device")
 """The valid string values of `cross_device_ops`."""
-
 
 
 def mirrored(
@@ -35,9 +37,14 @@ def mirrored(
     Keras's `gradient_accumulation_steps` under a strategy), as `from_env()` does.
 
     Args:
-        devices: device names such as `["/gpu:0", "/gpu:1"]`. Default: as described
-            above. Cannot be combined with `replicas`.
-        replicas: number of replicas, at least 1. Default: every GPU, or 1 CPU.
+        devices: device names such as `["/gpu:0", "/gpu:1"]`, or the
+            `tf.config.LogicalDevice`s of `tf.config.list_logical_devices()`. Default:
+            as described above. Cannot be combined with `replicas`. A count is refused,
+            not taken as `replicas`: `sk.mirrored(2)` raises a ValueError that names
+            `sk.mirrored(replicas=2)`, since a number where device names belong is as
+            likely a device index (`/gpu:2`) as a count.
+        replicas: number of replicas, an int of at least 1. Default: every GPU, or 1
+            CPU.
         cross_device_ops: how gradients are all-reduced: `"auto"` (default; NCCL on
             GPUs, TensorFlow's collective ring on CPUs), `"nccl"` (GPUs only),
             `"hierarchical_copy"`, `"reduce_to_one_device"`, or a
@@ -47,8 +54,9 @@ def mirrored(
         A `tf.distribute.MirroredStrategy`.
 
     Raises:
-        ValueError: an invalid `replicas` or `cross_device_ops`, both `devices` and
-            `replicas`, or `"nccl"` on a machine without GPUs.
+        ValueError: `devices` not a non-empty list of device names (a count among
+            them: use `replicas=N`), an invalid `replicas` or `cross_device_ops`, both
+            `devices` and `replicas`, or `"nccl"` on a machine without GPUs.
         RuntimeError: TensorFlow has already started with too few devices for `replicas`.
 
     Example:
@@ -57,22 +65,20 @@ def mirrored(
         >>> strategy.num_replicas_in_sync  # doctest: +SKIP
         2
     """
+    warn_if_legacy_keras()
+    if devices is not None:
+        devices = _checked_devices(devices)
     if devices is not None and replicas is not None:
         raise ValueError(
             f"Pass either devices or replicas, not both. Received: devices={devices!r}, "
             f"replicas={replicas!r}. Use devices=[...] to name them, or replicas=N to get N."
         )
     if replicas is not None:
-        _check_replicas(replicas)
+        replicas = _checked_replicas(replicas)
     ops = _single_machine_ops(cross_device_ops)
     if devices is None:
         devices = _default_devices(replicas)
-    elif isinstance(devices, str) or not devices:
-        raise ValueError(
-            f"devices must be a non-empty list of device names. Received: devices="
-            f"{devices!r}. Use e.g. devices=['/gpu:0', '/gpu:1']."
-        )
-    return _build_mirrored(list(devices), ops)
+    return _build_mirrored(devices, ops)
 
 
 def from_env(*, cross_device_ops: str | tf.distribute.CrossDeviceOps = "auto"):
@@ -130,6 +136,7 @@ def from_env(*, cross_device_ops: str | tf.distribute.CrossDeviceOps = "auto"):
     `evaluate()` or `predict()` ends it with code 124, so a stuck job fails instead of
     waiting forever (`strategykit.cluster.stall_watchdog`).
     """
+    warn_if_legacy_keras()
     environment = environments.detect()
     if environment.workers() <= 1:
         _report_progress()
@@ -144,12 +151,50 @@ def from_env(*, cross_device_ops: str | tf.distribute.CrossDeviceOps = "auto"):
     )
 
 
-def _check_replicas(replicas) -> None:
-    if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
+def _checked_replicas(replicas) -> int:
+    if isinstance(replicas, bool) or not isinstance(replicas, numbers.Integral) or replicas < 1:
         raise ValueError(
             f"replicas must be a positive integer. Received: replicas={replicas!r}. "
             "Use e.g. replicas=2."
         )
+    return int(replicas)
+
+
+def _checked_devices(devices) -> list[str]:
+    """`devices` as a list of device names; a count, a single name or anything but
+    names is refused with the fix."""
+    if isinstance(devices, numbers.Integral) and not isinstance(devices, bool):
+        raise ValueError(  # an int, np.int64, ...
+            f"devices must be a list of device names, not a count. Received: devices="
+            f"{devices} (an {type(devices).__name__}). For {devices} "
+            f"replicas use sk.mirrored(replicas={devices}); to name devices, pass e.g. "
+            "devices=['/gpu:0', '/gpu:1']."
+        )
+    try:
+        names = list(devices) if not isinstance(devices, (str, bytes)) else None
+    except TypeError:
+        names = None
+    names = [_device_name(device) for device in names or ()]
+    if not names or not all(isinstance(name, str) for name in names):
+        raise ValueError(
+            f"devices must be a non-empty list of device names. Received: devices="
+            f"{devices!r}. Use e.g. devices=['/gpu:0', '/gpu:1'], or replicas=N for N "
+            "replicas."
+        )
+    for name in names:
+        try:
+            tf.DeviceSpec.from_string(name)
+        except ValueError:
+            raise ValueError(
+                f"devices holds {name!r}, which is not a device name. Received: devices="
+                f"{devices!r}. Use names such as '/gpu:0' or '/cpu:0'."
+            ) from None
+    return names
+
+
+def _device_name(device):
+    """A device's name: a string as it is, a `tf.config.LogicalDevice` by its name."""
+    return device.name if isinstance(device, tf.config.LogicalDevice) else device
 
 
 def _default_devices(replicas: int | None) -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from strategykit.cluster.environments import count_workers
+from strategykit.cluster.strategy_argument import check_strategy
 from strategykit.strategy import devices as _devices
 from strategykit.upstream import strategy_internals
 
@@ -24,11 +25,15 @@ def describe(strategy: tf.distribute.Strategy | None = None) -> dict:
         `"none"` for one device), `workers` (processes taking part) and `simulated`
         (whether several replicas share one physical device as logical devices).
 
+    Raises:
+        ValueError: `strategy` is neither a `tf.distribute.Strategy` nor None.
+
     Example:
         >>> import strategykit as sk
         >>> sk.describe()["replicas"]
         1
     """
+    check_strategy(strategy, optional=True)
     strategy = strategy or tf.distribute.get_strategy()
     names = _device_names(strategy)
     return {

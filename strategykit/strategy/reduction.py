@@ -34,6 +34,7 @@ import tensorflow as tf
 import tensorflow.experimental.numpy as tnp
 
 from strategykit.cluster.roles import is_multi_worker
+from strategykit.cluster.strategy_argument import check_strategy
 
 REDUCE_OPS = ("mean", "sum", "min", "max", "std")
 """The valid values of `op`."""
@@ -57,7 +58,7 @@ def reduce(per_replica, strategy: tf.distribute.Strategy, op: str = "mean"):
         A tensor (or the same nest of tensors) with the shape of one replica's value.
 
     Raises:
-        ValueError: an unknown `op`.
+        ValueError: an unknown `op`, or `strategy` not a `tf.distribute.Strategy`.
 
     Example:
         >>> import strategykit as sk, tensorflow as tf
@@ -68,6 +69,7 @@ def reduce(per_replica, strategy: tf.distribute.Strategy, op: str = "mean"):
         >>> float(sk.reduce(values, strategy, "max"))  # doctest: +SKIP
         10.0
     """
+    check_strategy(strategy)
     check_op(op)
 
     def reduce_one(value):

@@ -198,7 +198,8 @@ def test_rejects_renorm_layers():
 
 
 def test_rejects_what_is_not_a_model():
-    with pytest.raises(ValueError, match=r"expects a Keras model. Received: BatchNormalization"):
+    with pytest.raises(ValueError,
+                       match=r"expects a Keras model. Received: model=a BatchNormalization"):
         sk.convert_sync_batchnorm(keras.layers.BatchNormalization())
 
 

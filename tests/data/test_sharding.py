@@ -398,9 +398,9 @@ def test_errors(make_strategy):
 
 def test_no_strategy_says_how_to_shard_for_one_device():
     with pytest.raises(ValueError, match=r"strategy must be a tf\.distribute\.Strategy\. "
-                       r"Received: NoneType\. Build one with sk\.mirrored\(\) or "
-                       r"sk\.from_env\(\), or, for one device without a strategy \(the same "
-                       r"examples in the same order\), pass tf\.distribute\.get_strategy\(\)"):
+                       r"Received: strategy=None\. Build one with sk\.mirrored\(replicas=N\) "
+                       r"or sk\.from_env\(\), or pass tf\.distribute\.get_strategy\(\) for "
+                       r"one device without a strategy"):
         sk.shard((IDS, IDS), None, global_batch_size=4)
 
 

@@ -124,7 +124,7 @@ def test_model_fn_must_return_a_compiled_model():
         return keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
 
     with pytest.raises(ValueError, match=r"must return a compiled Keras model\. Received: "
-                       r"Sequential \(not compiled\)"):
+                       r"model_fn\(\) returned a Sequential model \(not compiled\)"):
         sk.check(uncompiled, data(), replicas=2)
 
 
