@@ -53,6 +53,7 @@ tf.config.set_logical_device_configuration(
 )
 
 import keras  # noqa: E402
+import numpy as np  # noqa: E402
 
 import strategykit as sk  # noqa: E402
 
@@ -83,6 +84,19 @@ def restorer(model):
         return model
 
     return restore
+
+
+def assert_same_as_one_device(model, one, numbers: dict, one_numbers: dict, *,
+                              atol: float = 1e-10, rtol: float = 1e-10):
+    """`model` (trained on N replicas) has `one`'s weights within `atol`, and the numbers
+    it reported (`{name: value or list}`, a history or evaluate()'s dict) are `one`'s
+    within `rtol`, name for name."""
+    for weight, expected in zip(model.weights, one.weights, strict=True):
+        np.testing.assert_allclose(np.asarray(weight), np.asarray(expected), rtol=0,
+                                   atol=atol, err_msg=weight.path)
+    assert numbers.keys() == one_numbers.keys()
+    for name, values in one_numbers.items():
+        np.testing.assert_allclose(numbers[name], values, rtol=rtol, err_msg=name)
 
 
 def bn_regressor(seed: int = 0):

@@ -16,7 +16,7 @@ import tensorflow as tf
 
 import strategykit as sk
 
-from conftest import cpu_devices
+from conftest import assert_same_as_one_device, cpu_devices
 
 TRAIN, VALIDATION, GLOBAL_BATCH, SIZE = 37, 21, 16, 16
 
@@ -80,9 +80,4 @@ def _flow(strategy, sharded: bool):
 def test_the_fine_tuning_flow_on_four_replicas_equals_one_device(float64):
     one, one_history = _flow(tf.distribute.get_strategy(), sharded=False)
     model, history = _flow(sk.mirrored(cpu_devices(4)), sharded=True)
-    for weight, expected in zip(model.weights, one.weights, strict=True):
-        np.testing.assert_allclose(np.asarray(weight), np.asarray(expected), rtol=0,
-                                   atol=1e-10, err_msg=weight.path)
-    assert history.keys() == one_history.keys()
-    for name, values in one_history.items():
-        np.testing.assert_allclose(history[name], values, rtol=1e-10, err_msg=name)
+    assert_same_as_one_device(model, one, history, one_history)

@@ -1,0 +1,69 @@
+"""keras-hub's causal LM fine-tuned on 4 replicas of sk.shard text equals one device.
+
+A `GPT2CausalLM` of a tiny config (no download), its `GPT2Tokenizer` from a small
+vocabulary and merges, fed raw strings (sk.shard data without labels): its preprocessor
+makes the inputs, the next-token labels and the padding mask as weights in each
+replica's own input pipeline. 37 texts (a final batch of 5, padded), float64, against
+one device on the same global batches: weights, `fit()`'s and `evaluate()`'s numbers.
+"""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import strategykit as sk
+
+from conftest import assert_same_as_one_device, cpu_devices
+
+keras_hub = pytest.importorskip("keras_hub")
+
+TRAIN, VALIDATION, GLOBAL_BATCH, LENGTH = 37, 21, 16, 8
+WORDS = ["airplane", "at", "airport", "plane", "port", "!"]
+MERGES = ["a i", "ai r", "p l", "pl a", "n e", "pla ne", "p o", "r t", "po rt", "a t",
+          "Ġ a", "Ġa i", "Ġai r", "Ġ p", "Ġp l", "Ġpl a", "Ġpla ne", "Ġp o", "Ġpo rt",
+          "Ġa t", "Ġ !"]
+TOKENS = ["<|endoftext|>", *sorted(set("".join(WORDS)) | {"Ġ"}),
+          *(merge.replace(" ", "") for merge in MERGES)]
+
+
+def _causal_lm(strategy):
+    with strategy.scope():
+        keras.utils.set_random_seed(0)
+        tokenizer = keras_hub.models.GPT2Tokenizer(
+            vocabulary={token: i for i, token in enumerate(TOKENS)}, merges=MERGES)
+        backbone = keras_hub.models.GPT2Backbone(
+            vocabulary_size=len(TOKENS), num_layers=1, num_heads=2, hidden_dim=8,
+            intermediate_dim=16, max_sequence_length=LENGTH, dropout=0.0)
+        model = keras_hub.models.GPT2CausalLM(
+            backbone, keras_hub.models.GPT2CausalLMPreprocessor(tokenizer,
+                                                                sequence_length=LENGTH))
+        model.compile(optimizer=keras.optimizers.Adam(1e-2),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      weighted_metrics=["accuracy"])
+    return model
+
+
+def _texts(examples, seed):
+    rng = np.random.default_rng(seed)
+    return np.array([" ".join(rng.choice(WORDS, rng.integers(1, 6))) for _ in range(examples)])
+
+
+def _fine_tuned(strategy, sharded: bool):
+    model = _causal_lm(strategy)
+    train, validation = _texts(TRAIN, 1), _texts(VALIDATION, 2)
+    if sharded:
+        train = {"x": sk.shard(train, strategy, global_batch_size=GLOBAL_BATCH)}
+        evaluated = {"x": sk.shard(validation, strategy, global_batch_size=GLOBAL_BATCH)}
+    else:
+        train = {"x": train, "batch_size": GLOBAL_BATCH, "shuffle": False}
+        evaluated = {"x": validation, "batch_size": GLOBAL_BATCH}
+    history = model.fit(**train, epochs=2, verbose=0).history
+    return model, history, model.evaluate(**evaluated, return_dict=True, verbose=0)
+
+
+def test_fine_tuning_a_causal_lm_on_four_replicas_equals_one_device(float64):
+    one, one_history, one_evaluated = _fine_tuned(tf.distribute.get_strategy(), sharded=False)
+    model, history, evaluated = _fine_tuned(sk.mirrored(cpu_devices(4)), sharded=True)
+    assert_same_as_one_device(model, one, history, one_history)
+    assert_same_as_one_device(model, one, evaluated, one_evaluated)

@@ -1,0 +1,84 @@
+"""keras-hub's image classifiers on 4 replicas of sk.shard data equal one device.
+
+Two backbone families with batch norm (ResNet, DenseNet; tiny configs, no download),
+each with its own preprocessor (an image converter that rescales), converted to
+synchronized batch norm with `sk.convert_sync_batchnorm`, through keras.io's fine-tuning
+flow: the backbone frozen (`backbone.trainable = False`), the head trained, the backbone
+unfrozen, recompiled in the scope and fine-tuned, validated on sk.shard data. 37 examples
+(a final batch of 5, padded), float64, against one device on the same global batches:
+every weight (moving statistics included) and every number `fit()` reports.
+"""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import strategykit as sk
+
+from conftest import assert_same_as_one_device, cpu_devices
+
+keras_hub = pytest.importorskip("keras_hub")
+
+TRAIN, VALIDATION, GLOBAL_BATCH, SIZE, CLASSES = 37, 21, 16, 16, 3
+
+
+def _resnet():
+    backbone = keras_hub.models.ResNetBackbone(
+        input_conv_filters=[64], input_conv_kernel_sizes=[3], stackwise_num_filters=[64, 16],
+        stackwise_num_blocks=[1, 1], stackwise_num_strides=[1, 2],
+        block_type="basic_block", use_pre_activation=False, image_shape=(SIZE, SIZE, 3))
+    converter = keras_hub.layers.ResNetImageConverter(image_size=(SIZE, SIZE), scale=1 / 255)
+    preprocessor = keras_hub.models.ResNetImageClassifierPreprocessor(converter)
+    return keras_hub.models.ResNetImageClassifier(backbone, num_classes=CLASSES,
+                                                  preprocessor=preprocessor)
+
+
+def _densenet():
+    backbone = keras_hub.models.DenseNetBackbone(
+        stackwise_num_repeats=[1, 1], growth_rate=4, image_shape=(SIZE, SIZE, 3))
+    converter = keras_hub.layers.DenseNetImageConverter(image_size=(SIZE, SIZE), scale=1 / 255)
+    preprocessor = keras_hub.models.DenseNetImageClassifierPreprocessor(converter)
+    return keras_hub.models.DenseNetImageClassifier(backbone, num_classes=CLASSES,
+                                                    preprocessor=preprocessor)
+
+
+def _compile(model, learning_rate):
+    model.compile(optimizer=keras.optimizers.Adam(learning_rate),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  weighted_metrics=["accuracy"])
+
+
+def _data(examples, seed):
+    rng = np.random.default_rng(seed)
+    return rng.uniform(0, 255, (examples, SIZE, SIZE, 3)), rng.integers(0, CLASSES, examples)
+
+
+def _fine_tuned(strategy, family, sharded: bool):
+    with strategy.scope():
+        keras.utils.set_random_seed(0)
+        model = sk.convert_sync_batchnorm(family())
+        model.backbone.trainable = False
+        _compile(model, 1e-2)
+    train, validation = _data(TRAIN, 1), _data(VALIDATION, 2)
+    if sharded:
+        train = {"x": sk.shard(train, strategy, global_batch_size=GLOBAL_BATCH)}
+        validation = sk.shard(validation, strategy, global_batch_size=GLOBAL_BATCH)
+    else:
+        train = {"x": train[0], "y": train[1], "batch_size": GLOBAL_BATCH, "shuffle": False}
+    head = model.fit(**train, validation_data=validation, epochs=1, verbose=0).history
+    model.backbone.trainable = True
+    with strategy.scope():
+        _compile(model, 1e-3)
+    tuned = model.fit(**train, validation_data=validation, epochs=1, verbose=0).history
+    return model, {**head, **{f"tuned_{name}": values for name, values in tuned.items()}}
+
+
+@pytest.mark.parametrize("family", [_resnet, _densenet], ids=["resnet", "densenet"])
+def test_fine_tuning_an_image_classifier_on_four_replicas_equals_one_device(float64, family):
+    one, one_history = _fine_tuned(tf.distribute.get_strategy(), family, sharded=False)
+    model, history = _fine_tuned(sk.mirrored(cpu_devices(4)), family, sharded=True)
+    assert isinstance(model, type(one))  # still keras-hub's Task, its preprocessor kept
+    assert any(isinstance(layer, sk.SyncBatchNormalization)
+               for layer in model.backbone._flatten_layers())
+    assert_same_as_one_device(model, one, history, one_history)
