@@ -50,12 +50,15 @@ def _preprocessed(model, data):
 def _refuse_arrays_beside(method: str, **given) -> None:
     """Keras's rule for a dataset `x`: no `y`, `sample_weight`, `batch_size` beside it."""
     for name, value in given.items():
-        if value is not None:
-            raise ValueError(
-                f"{method}() of a keras-hub model on sk.shard data takes no {name}: the "
-                f"data holds it. Received: {name} of type {type(value).__name__}. Pass "
-                f"it to sk.shard (sk.shard((x, y, sample_weight), strategy, "
-                "global_batch_size=...)) and leave it out here.")
+        if value is None:
+            continue
+        fix = ("Split off a validation set and pass validation_data=sk.shard((x_val, "
+               "y_val), strategy, global_batch_size=...)" if name == "validation_split"
+               else "Pass it to sk.shard (sk.shard((x, y, sample_weight), strategy, "
+               "global_batch_size=...)) and leave it out here")
+        raise ValueError(
+            f"{method}() of a keras-hub model on sk.shard data takes no {name}: the data "
+            f"is batched already. Received: {name} of type {type(value).__name__}. {fix}.")
 
 
 def _validation(model, validation_data):
