@@ -2,8 +2,8 @@
 
 A `BertTextClassifier` built from a tiny config (no download), fed token dicts (no
 preprocessor) and raw strings through its own preprocessor (a `BertTokenizer` from a
-small vocabulary): `fit()` (with validation for strings), `evaluate()` and `predict()`
-on 37 examples (a final batch of 5, padded) against one device on the same global
+small vocabulary): `fit()` and `evaluate()` (for strings, also validation and
+`predict()`) on 37 examples (a final batch of 5, padded) against one device on the same global
 batches, float64.
 """
 
@@ -70,7 +70,7 @@ def _run(strategy, inputs, sharded: bool):
     evaluated = model.evaluate(**test, batch_size=None if sharded else GLOBAL_BATCH,
                                return_dict=True, verbose=0)
     predicted = model.predict(features, batch_size=None if sharded else GLOBAL_BATCH,
-                              verbose=0)
+                              verbose=0) if inputs == "strings" else None
     return model, history, evaluated, predicted
 
 
@@ -82,5 +82,6 @@ def test_a_text_classifier_on_four_replicas_equals_one_device(float64, inputs):
                                                 sharded=True)
     assert_same_as_one_device(model, one, history, one_history)
     assert_same_as_one_device(model, one, evaluated, one_evaluated)
-    assert predicted.shape == (VALIDATION, 2)
-    np.testing.assert_allclose(predicted, one_predicted, rtol=0, atol=1e-10)
+    if inputs == "strings":  # predict()'s path is the same for token dicts
+        assert predicted.shape == (VALIDATION, 2)
+        np.testing.assert_allclose(predicted, one_predicted, rtol=0, atol=1e-10)
