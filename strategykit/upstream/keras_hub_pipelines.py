@@ -87,6 +87,9 @@ def _fit(self, x=None, y=None, batch_size=None, sample_weight=None, validation_d
             **kwargs)
     _refuse_arrays_beside("fit", y=y, sample_weight=sample_weight, batch_size=batch_size,
                           validation_split=validation_split)
+    # sk.shard shuffles (or not) itself; Keras ignores `shuffle` for a dataset, and from
+    # 3.15 warns of its default True on every call.
+    kwargs.setdefault("shuffle", False)
     return keras.Model.fit(self, x=_preprocessed(self, x),
                            validation_data=_validation(self, validation_data), **kwargs)
 
