@@ -53,6 +53,16 @@ def fit_round_seconds(model, data, *, steps: int, callbacks=()) -> float:
     return timer.seconds[1] / steps
 
 
+def alternated_rounds(setups: dict, order: list[str], *, rounds: int, steps: int) -> dict:
+    """`{variant: [seconds per step of each round]}`: one `fit()` round of each variant's
+    `(model, data)` in `setups`, in `order`, round after round (their steps traced)."""
+    seconds = {variant: [] for variant in order}
+    for _ in range(rounds):
+        for variant in order:
+            seconds[variant].append(fit_round_seconds(*setups[variant], steps=steps))
+    return seconds
+
+
 def iteration_step_seconds(make_iterable: Callable, *, repeats: int = 5) -> float:
     """Seconds per element of iterating `make_iterable()`: fastest of `repeats` passes."""
     best = float("inf")

@@ -60,12 +60,7 @@ def interleaved(order: list[str]) -> dict[str, list[float]]:
         harness.fit_round_seconds(*setups[variant], steps=workloads.STEPS)  # traces
     for fix in _fixes():
         fix.install()
-    seconds = {variant: [] for variant in order}
-    for _ in range(ROUNDS):
-        for variant in order:
-            seconds[variant].append(
-                harness.fit_round_seconds(*setups[variant], steps=workloads.STEPS))
-    return seconds
+    return harness.alternated_rounds(setups, order, rounds=ROUNDS, steps=workloads.STEPS)
 
 
 VARIANTS = {f"{fixed}_{kind}": (lambda fixed=fixed, kind=kind:

@@ -85,12 +85,7 @@ def interleaved(order: list[str]) -> dict[str, list[float]]:
         with _publication(marked == "marked"):
             setups[variant] = _setup(marked == "marked", kind == "sync")
             harness.fit_round_seconds(*setups[variant], steps=workloads.STEPS)  # traces
-    seconds = {variant: [] for variant in order}
-    for _ in range(ROUNDS):
-        for variant in order:
-            seconds[variant].append(
-                harness.fit_round_seconds(*setups[variant], steps=workloads.STEPS))
-    return seconds
+    return harness.alternated_rounds(setups, order, rounds=ROUNDS, steps=workloads.STEPS)
 
 
 VARIANTS = {
