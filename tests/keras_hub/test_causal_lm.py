@@ -57,7 +57,7 @@ def _fine_tuned(strategy, sharded: bool):
         train = {"x": sk.shard(train, strategy, global_batch_size=GLOBAL_BATCH)}
     else:
         train = {"x": train, "batch_size": GLOBAL_BATCH, "shuffle": False}
-    return model, model.fit(**train, epochs=2, verbose=0).history
+    return model, model.fit(**train, epochs=1, verbose=0).history
 
 
 def test_fine_tuning_a_causal_lm_on_four_replicas_equals_one_device(float64):
