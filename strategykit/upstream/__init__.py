@@ -85,6 +85,7 @@ from strategykit.upstream import (
     strategy_internals,
     traceback_frames,
     worker_files,
+    xla_steps,
 )
 from strategykit.upstream.step_count import state_steps
 
@@ -94,7 +95,7 @@ FIXES = (*metric_variables.FIXES, *distributed_datasets.FIXES, *log_values.FIXES
          *reported_losses.FIXES, *optimizer_build.FIXES, *traceback_frames.FIXES,
          *class_weights.FIXES, *every_fit.FIXES, *sparse_gradients.FIXES,
          *gradient_clipping.FIXES, *exact_predictions.FIXES, *batch_norm_moments.FIXES,
-         *keras_hub_pipelines.FIXES)
+         *keras_hub_pipelines.FIXES, *xla_steps.FIXES)
 """Every fix, in the order `install()` installs them."""
 
 PINNED = (*coordination.PINNED, *step_count.PINNED, *strategy_internals.PINNED,

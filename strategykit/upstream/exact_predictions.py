@@ -8,7 +8,8 @@ upstream issue: the copies are strategykit's). The fix replaces
 registers `sk.shard`'s) is predicted by the function registered with it, which gets
 Keras's own `predict()`; any other `x` goes to Keras's own. `concatenation` joins
 per-replica values as Keras joins predictions (its `reduce_per_replica`, one worker or
-several). Checked on Keras 3.8.0 to 3.15.1.
+several). Where each replica's step compiles with XLA, every `predict()` runs inside
+`strategykit.upstream.xla_steps.predicting_per_replica`. Checked on Keras 3.8.0 to 3.15.1.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import tensorflow as tf
 
 from strategykit.cluster.roles import is_multi_worker
 from strategykit.pinning.fix import Fix, original, resolve
-from strategykit.upstream import model_scope
+from strategykit.upstream import model_scope, xla_steps
 
 _MODULE = "keras.src.backend.tensorflow.trainer"
 _TRAINER = f"{_MODULE}:TensorFlowTrainer"
@@ -67,8 +68,9 @@ def _predict(self, x, batch_size=None, verbose="auto", steps=None, callbacks=Non
                "callbacks": callbacks}
     predict = predictor_of(x)
     model_scope.check(self, x, "predict()")
-    return keras_predict(x, **options) if predict is None else predict(
-        self, keras_predict, **options)
+    with xla_steps.predicting_per_replica(self):
+        return keras_predict(x, **options) if predict is None else predict(
+            self, keras_predict, **options)
 
 
 FIXES = (

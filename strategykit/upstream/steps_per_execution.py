@@ -34,6 +34,7 @@ import tensorflow as tf
 
 from strategykit.batches import current_step
 from strategykit.pinning.fix import Fix, original, resolve
+from strategykit.upstream import xla_steps
 
 ISSUE = "keras-team/keras#19246"
 _TRAINER_MODULE = "keras.src.backend.tensorflow.trainer"
@@ -103,7 +104,10 @@ def _several_steps_on_several_replicas(model, step_function) -> bool:
 
 def _make_function(self, step_function):
     step_function = current_step.publishing(step_function)  # every step, K == 1 too
-    keras_function = original(resolve(_TRAINER), "_make_function")(self, step_function)
+    if xla_steps.compiles_each_replica(self):
+        step_function = xla_steps.compiling_each_replica(step_function)
+    with xla_steps.building_without_whole_step_xla(self):
+        keras_function = original(resolve(_TRAINER), "_make_function")(self, step_function)
     run_steps = None
 
     def function(iterator):
@@ -135,7 +139,8 @@ def _steps_function(model, step_function):
 
         return run_steps
 
-    one_step = tf.function(one_step, reduce_retracing=True, jit_compile=model.jit_compile)
+    whole_step_xla = model.jit_compile and not xla_steps.compiles_each_replica(model)
+    one_step = tf.function(one_step, reduce_retracing=True, jit_compile=whole_step_xla)
 
     def run_steps(iterator, count):
         with _own_loop():

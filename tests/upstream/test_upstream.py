@@ -41,15 +41,17 @@ def test_each_fix_names_its_issue_and_what_it_affects(fix):
 
 def test_fixes_are_idempotent_and_removable():
     upstream.install()
+    # Reading an optional package's class imports it, which installs every fix again.
+    fixes = [fix for fix in upstream.FIXES if fix.imported()]
     try:
         upstream.uninstall()
         upstream.uninstall()
-        for fix in upstream.FIXES:
+        for fix in fixes:
             assert not fix.installed()
             assert vars(fix.owner_class()).get(fix.attribute) is not fix.replacement
         upstream.install()
         upstream.install()
-        for fix in upstream.FIXES:
+        for fix in fixes:
             assert fix.installed() or fix.not_needed()
             assert (vars(fix.owner_class()).get(fix.attribute) is fix.replacement
                     or fix.not_needed())
