@@ -35,6 +35,8 @@ class DemoResult:
         data: the dataset's name.
         strategy: what `sk.describe` says of the strategy used.
         sync_bn: whether batch norm was synchronized.
+        xla: whether each replica's step was compiled with XLA (`model.jit_compile`
+            after `compile(jit_compile="auto")`: on where there is a GPU).
         epochs: epochs trained.
         test_accuracy: accuracy on the held-out test split.
         seconds_per_epoch: mean wall time of an epoch after the first (which traces).
@@ -47,6 +49,7 @@ class DemoResult:
     data: str
     strategy: dict
     sync_bn: bool
+    xla: bool
     epochs: int
     test_accuracy: float
     seconds_per_epoch: float
@@ -78,6 +81,8 @@ class DemoResult:
             ("Devices", ", ".join(name.rsplit("/", 1)[-1] for name in self.strategy["devices"])),
             ("All-reduce", self.strategy["all_reduce"]),
             ("Batch norm", "synchronized" if self.sync_bn else "per replica"),
+            ("XLA", "each replica's step compiled" if self.xla
+             else "off (jit_compile='auto' on a machine without GPU)"),
             ("Epochs", str(self.epochs)),
             ("Test accuracy", f"{self.test_accuracy:.2%}"),
             ("Time per epoch", f"{self.seconds_per_epoch:.2f} s "
@@ -199,6 +204,7 @@ def run_demo(
         data=data.name,
         strategy=describe(strategy),
         sync_bn=sync_bn,
+        xla=model.jit_compile is True,
         epochs=epochs,
         test_accuracy=float(accuracy),
         seconds_per_epoch=sum(later) / len(later),

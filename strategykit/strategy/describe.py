@@ -7,7 +7,7 @@ import tensorflow as tf
 from strategykit.cluster.environments import count_workers
 from strategykit.cluster.strategy_argument import check_strategy
 from strategykit.strategy import devices as _devices
-from strategykit.upstream import strategy_internals
+from strategykit.upstream import strategy_internals, xla_steps
 
 
 def describe(strategy: tf.distribute.Strategy | None = None) -> dict:
@@ -22,8 +22,12 @@ def describe(strategy: tf.distribute.Strategy | None = None) -> dict:
         workers), `devices` (this worker's devices), `all_reduce` (the implementation
         that combines gradients: `"collective ring"`, `"collective nccl"`, `"nccl"`,
         `"hierarchical_copy"`, `"reduce_to_one_device"`, `"collective auto"` or
-        `"none"` for one device), `workers` (processes taking part) and `simulated`
-        (whether several replicas share one physical device as logical devices).
+        `"none"` for one device), `workers` (processes taking part), `simulated`
+        (whether several replicas share one physical device as logical devices) and
+        `xla` (what `jit_compile="auto"` gives a model compiled in the strategy's
+        scope: `"each replica"` where there is a GPU and several replicas, each
+        replica's step compiled; `"whole step"` on one GPU; `"off"` on a machine
+        without GPU, as on one device; `jit_compile=True` compiles anyway).
 
     Raises:
         ValueError: `strategy` is neither a `tf.distribute.Strategy` nor None.
@@ -43,6 +47,7 @@ def describe(strategy: tf.distribute.Strategy | None = None) -> dict:
         "all_reduce": _all_reduce_name(strategy),
         "workers": _count_workers(strategy),
         "simulated": _is_simulated(names),
+        "xla": xla_steps.auto_xla(strategy),
     }
 
 

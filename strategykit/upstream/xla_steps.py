@@ -133,10 +133,31 @@ def _replica_scope():
                 scope.__exit__(None, None, None)
 
 
+def auto_xla(strategy) -> str:
+    """What `jit_compile="auto"` gives a model compiled in `strategy`'s scope whose
+    layers all support XLA: `"each replica"` (several replicas, a GPU: each replica's
+    step compiled), `"whole step"` (one replica, a GPU: Keras compiles the whole step)
+    or `"off"` (no GPU, as Keras decides on one device; `jit_compile=True` compiles
+    anyway).
+
+    Example:
+        >>> import tensorflow as tf
+        >>> auto_xla(tf.distribute.get_strategy()) in ("off", "whole step")
+        True
+    """
+    if not _has_accelerator():
+        return "off"
+    return "each replica" if strategy.num_replicas_in_sync > 1 else "whole step"
+
+
+def _has_accelerator() -> bool:
+    return any(device.device_type != "CPU" for device in tf.config.list_physical_devices())
+
+
 def _resolve_auto_jit_compile(self):
     if self.distribute_strategy.num_replicas_in_sync == 1:
         return original(resolve(_TRAINER), "_resolve_auto_jit_compile")(self)
-    if not any(device.device_type != "CPU" for device in tf.config.list_physical_devices()):
+    if not _has_accelerator():
         return False  # Keras's choice for one device too: no XLA on CPU-only machines
     return bool(resolve("keras.src.trainers.trainer:model_supports_jit")(self))
 

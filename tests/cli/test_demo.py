@@ -53,6 +53,8 @@ def test_demo_without_sync_bn_on_two_replicas(tmp_path):
     rows = summary_rows(result.summary())
     assert rows["Replicas"] == "2 (simulated)"
     assert rows["Batch norm"] == "per replica"
+    assert rows["XLA"] == "off (jit_compile='auto' on a machine without GPU)"
+    assert result.xla is False and result.strategy["xla"] == "off"
     assert rows["Epochs"] == "1"
     assert 0.0 <= result.test_accuracy <= 1.0
     assert result.plot_path.exists() and result.history_path.exists()

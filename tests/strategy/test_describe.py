@@ -39,6 +39,7 @@ def test_mirrored_over_four_logical_cpus_is_simulated_with_a_collective_ring():
         "all_reduce": "collective ring",
         "workers": 1,
         "simulated": True,
+        "xla": "off",  # no GPU: jit_compile="auto" is off, as on one device
     }
 
 
