@@ -1,13 +1,14 @@
 """keras-hub's image classifiers on 4 replicas of sk.shard data equal one device.
 
-Two backbone families with batch norm (ResNet, DenseNet; tiny configs, no download),
-each with its own preprocessor (an image converter that rescales), converted to
-synchronized batch norm with `sk.convert_sync_batchnorm`, trained whole (DenseNet) and
-through keras.io's fine-tuning flow (ResNet): the backbone frozen (`backbone.trainable =
-False`), the head trained, the backbone unfrozen, recompiled in the scope and fine-tuned
-(validation data of keras-hub models: tests/keras_hub/test_text_classifier.py). 37
-examples (a final batch of 5, padded), float64, against one device on the same global
-batches: every weight (moving statistics included) and every number `fit()` reports.
+Two backbone families with batch norm (ResNet, DenseNet; tiny configs of one stack each,
+3 and 4 batch norm layers, no download), each with its own preprocessor (an image
+converter that rescales), converted to synchronized batch norm with
+`sk.convert_sync_batchnorm`, trained whole (DenseNet) and through keras.io's fine-tuning
+flow (ResNet): the backbone frozen (`backbone.trainable = False`), the head trained, the
+backbone unfrozen, recompiled in the scope and fine-tuned (validation data of keras-hub
+models: tests/keras_hub/test_text_classifier.py). 37 examples (a final batch of 5,
+padded), float64, against one device on the same global batches: every weight (moving
+statistics included) and every number `fit()` reports.
 """
 
 import keras
@@ -26,8 +27,8 @@ TRAIN, GLOBAL_BATCH, SIZE, CLASSES = 37, 16, 16, 3
 
 def _resnet():
     backbone = keras_hub.models.ResNetBackbone(
-        input_conv_filters=[64], input_conv_kernel_sizes=[3], stackwise_num_filters=[64, 16],
-        stackwise_num_blocks=[1, 1], stackwise_num_strides=[1, 2],
+        input_conv_filters=[64], input_conv_kernel_sizes=[3], stackwise_num_filters=[64],
+        stackwise_num_blocks=[1], stackwise_num_strides=[1],
         block_type="basic_block", use_pre_activation=False, image_shape=(SIZE, SIZE, 3))
     converter = keras_hub.layers.ResNetImageConverter(image_size=(SIZE, SIZE), scale=1 / 255)
     preprocessor = keras_hub.models.ResNetImageClassifierPreprocessor(converter)
@@ -37,7 +38,7 @@ def _resnet():
 
 def _densenet():
     backbone = keras_hub.models.DenseNetBackbone(
-        stackwise_num_repeats=[1, 1], growth_rate=4, image_shape=(SIZE, SIZE, 3))
+        stackwise_num_repeats=[1], growth_rate=4, image_shape=(SIZE, SIZE, 3))
     converter = keras_hub.layers.DenseNetImageConverter(image_size=(SIZE, SIZE), scale=1 / 255)
     preprocessor = keras_hub.models.DenseNetImageClassifierPreprocessor(converter)
     return keras_hub.models.DenseNetImageClassifier(backbone, num_classes=CLASSES,
