@@ -36,7 +36,8 @@ Example:
     ...     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
     ...     model.compile(keras.optimizers.Adam(gradient_accumulation_steps=4), "mse")
     >>> sorted({fix.issue for fix in sk.upstream.FIXES})  # doctest: +NORMALIZE_WHITESPACE
-    ['keras-team/keras (unreported)', 'keras-team/keras#19246', 'keras-team/keras#20134',
+    ['keras-team/keras (unreported)', 'keras-team/keras#19005', 'keras-team/keras#19246',
+     'keras-team/keras#20134',
      'keras-team/keras#20164', 'keras-team/keras#20582', 'keras-team/keras#20585',
      'keras-team/keras#21061', 'keras-team/keras#22018',
      'keras-team/keras-hub (unreported)', 'keras-team/keras@3.12.0', 'tensorflow/tensorflow#39268',

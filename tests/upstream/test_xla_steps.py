@@ -18,6 +18,7 @@ import strategykit as sk
 from strategykit.upstream import xla_steps
 
 from conftest import assert_same_as_one_device, cpu_devices
+from workers import run_workers
 
 EXAMPLES, GLOBAL_BATCH = 37, 16
 
@@ -49,7 +50,7 @@ def test_xla_on_four_replicas_equals_xla_on_one_device(float64, sync_bn,
                                                         steps_per_execution):
     x, y = _data()
     one = _conv_net(sync_bn, steps_per_execution)
-    one_history = one.fit(x, y, batch_size=GLOBAL_BATCH, epochs=2, shuffle=False,
+    one_history = one.fit(x, y, batch_size=GLOBAL_BATCH, epochs=1, shuffle=False,
                           verbose=0).history
     one_scores = one.evaluate(x, y, batch_size=GLOBAL_BATCH, verbose=0, return_dict=True)
     strategy = sk.mirrored(cpu_devices(4))
@@ -57,7 +58,7 @@ def test_xla_on_four_replicas_equals_xla_on_one_device(float64, sync_bn,
         model = _conv_net(sync_bn, steps_per_execution)
     assert model.jit_compile is True and xla_steps.compiles_each_replica(model)
     train = sk.shard((x, y), strategy, global_batch_size=GLOBAL_BATCH)
-    history = model.fit(train, epochs=2, verbose=0).history
+    history = model.fit(train, epochs=1, verbose=0).history
     scores = model.evaluate(train, verbose=0, return_dict=True)
     assert_same_as_one_device(model, one, history, one_history)
     assert_same_as_one_device(model, one, scores, one_scores)
@@ -110,3 +111,35 @@ def test_auto_turns_xla_on_where_keras_does_for_one_device(monkeypatch):
         on_gpus = _conv_net(sync_bn=True, jit_compile="auto")
     assert on_gpus.jit_compile is True  # Keras alone: False under every strategy
     assert xla_steps.compiles_each_replica(on_gpus)
+
+
+_TWO_WORKERS = """
+import json
+import keras, numpy as np
+import strategykit as sk
+from test_xla_steps import GLOBAL_BATCH, _conv_net, _data
+
+strategy = sk.from_env()
+keras.config.set_floatx("float64")
+keras.config.set_dtype_policy("float64")
+with strategy.scope():
+    model = _conv_net(sync_bn=True)
+history = model.fit(sk.shard(_data(), strategy, global_batch_size=GLOBAL_BATCH), epochs=1,
+                    verbose=0).history
+print(json.dumps({"jit_compile": model.jit_compile, "history": history,
+                  "weights": [w.tolist() for w in model.get_weights()]}))
+"""
+
+
+def test_xla_across_two_workers_equals_xla_on_one_device(float64, tmp_path):
+    x, y = _data()
+    one = _conv_net(sync_bn=True)
+    one_history = one.fit(x, y, batch_size=GLOBAL_BATCH, epochs=1, shuffle=False,
+                          verbose=0).history
+    for worker in run_workers(_TWO_WORKERS, 2, tmp_path=tmp_path):
+        report = worker.last_json()
+        assert report["jit_compile"] is True
+        for name, values in one_history.items():
+            np.testing.assert_allclose(report["history"][name], values, rtol=1e-10)
+        for weight, expected in zip(report["weights"], one.get_weights(), strict=True):
+            np.testing.assert_allclose(weight, expected, rtol=0, atol=1e-10)
