@@ -37,7 +37,7 @@ OLDER_PAIRS = PAIRS[:-1]
 nox.options.sessions = [f"matrix({tf}-{keras})" for tf, keras in OLDER_PAIRS]
 SUBSET = ["tests/upstream", "tests/pinning", "tests/equivalence", "tests/data",
           "tests/batchnorm", "tests/callbacks", "tests/strategy", "tests/cli",
-          "tests/keras_hub", "tests/test_layout.py"]
+          "tests/hub", "tests/test_layout.py"]
 
 
 @nox.session(name="matrix")

@@ -15,7 +15,7 @@ import pytest
 import strategykit
 
 PACKAGE = pathlib.Path(strategykit.__file__).parent
-LAYERS = ["launcher", "background", "cluster", "pinning", "metrics", "batches", "upstream",
+LAYERS = ["launcher", "background", "cluster", "pinning", "metrics", "batches", "xla", "upstream",
           "strategy", "data", "batchnorm", "callbacks", "equivalence", "cli"]
 
 

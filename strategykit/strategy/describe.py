@@ -7,7 +7,8 @@ import tensorflow as tf
 from strategykit.cluster.environments import count_workers
 from strategykit.cluster.strategy_argument import check_strategy
 from strategykit.strategy import devices as _devices
-from strategykit.upstream import strategy_internals, xla_steps
+from strategykit.upstream import strategy_internals
+from strategykit.xla.replica_steps import auto_xla
 
 
 def describe(strategy: tf.distribute.Strategy | None = None) -> dict:
@@ -47,7 +48,7 @@ def describe(strategy: tf.distribute.Strategy | None = None) -> dict:
         "all_reduce": _all_reduce_name(strategy),
         "workers": _count_workers(strategy),
         "simulated": _is_simulated(names),
-        "xla": xla_steps.auto_xla(strategy),
+        "xla": auto_xla(strategy),
     }
 
 

@@ -9,7 +9,7 @@ registers `sk.shard`'s) is predicted by the function registered with it, which g
 Keras's own `predict()`; any other `x` goes to Keras's own. `concatenation` joins
 per-replica values as Keras joins predictions (its `reduce_per_replica`, one worker or
 several). Where each replica's step compiles with XLA, every `predict()` runs inside
-`strategykit.upstream.xla_steps.predicting_per_replica`. Checked on Keras 3.8.0 to 3.15.1.
+`strategykit.xla.replica_steps.predicting_per_replica`. Checked on Keras 3.8.0 to 3.15.1.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import tensorflow as tf
 
 from strategykit.cluster.roles import is_multi_worker
 from strategykit.pinning.fix import Fix, original, resolve
-from strategykit.upstream import model_scope, xla_steps
+from strategykit.upstream import model_scope
+from strategykit.xla import replica_steps as xla_steps
 
 _MODULE = "keras.src.backend.tensorflow.trainer"
 _TRAINER = f"{_MODULE}:TensorFlowTrainer"

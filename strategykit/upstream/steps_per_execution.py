@@ -21,6 +21,9 @@ Optional and no cond:
 Every step function Keras builds (K = 1 too) runs its steps publishing their batch
 (`strategykit.batches.current_step`), so the layers a step calls know which of its
 examples are real.
+Where the model's `jit_compile` is on under several replicas, each replica's step is
+compiled and Keras's function is built without whole-step XLA
+(`strategykit.xla.replica_steps`, keras-team/keras#19005).
 
 `Steps` is also a Python iterator of its `count` batches, so code that iterates it (as
 Keras's `predict()` and its eager fallback do) reads exactly those.
@@ -34,7 +37,7 @@ import tensorflow as tf
 
 from strategykit.batches import current_step
 from strategykit.pinning.fix import Fix, original, resolve
-from strategykit.upstream import xla_steps
+from strategykit.xla import replica_steps as xla_steps
 
 ISSUE = "keras-team/keras#19246"
 _TRAINER_MODULE = "keras.src.backend.tensorflow.trainer"

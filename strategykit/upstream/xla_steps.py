@@ -1,163 +1,27 @@
-"""keras-team/keras#19005: XLA (`jit_compile`) under a strategy of several replicas.
+"""keras-team/keras#19005: `jit_compile="auto"` under a strategy of several replicas.
 
-Keras compiles its whole step function with XLA, `strategy.run` included. Under a
-`MirroredStrategy` of several replicas that function runs on the first device and fails
-at the first step reaching another replica's copy of a variable (`Trying to access
-resource .../kernel/replica_1 located in device CPU:1 from device CPU:0`); compiling
-only the replica's `train_step` fails the same way, because the optimizer's update of
-every replica's copies (a `merge_call`) lands inside the compiled function. With the
-default `jit_compile="auto"` Keras therefore turns XLA off under every strategy, while
-one GPU gets it.
-
-strategykit compiles each replica's own computation and leaves the cross-replica parts
-to TensorFlow:
-
-* `compiling_each_replica(step)` is what `strategykit.upstream.steps_per_execution`
-  hands Keras's step function for a model whose `jit_compile` is True on several
-  replicas: every operation a replica's step creates in its replica context (the
-  forward and backward pass, the loss, the metrics' updates) is marked for XLA with
-  TensorFlow's public `tf.xla.experimental.jit_scope`, and TensorFlow compiles the
-  marked operations of each device together (one XLA cluster per device and stretch
-  between synchronization points). The operations of a `merge_call` (the all-reduce of
-  the gradients and of synchronized batch norm's moments, the update of every copy)
-  run in the cross-replica context and are not marked. Keras's whole-step function is
-  built without XLA (`building_without_whole_step_xla`): its `jit_compile` is off while
-  it is built, and on again after.
-* `Trainer._resolve_auto_jit_compile` (what `jit_compile="auto"` becomes): under a
-  strategy of several replicas it decides as Keras decides for one device (on where a
-  GPU is present and every layer supports XLA, off on machines without a GPU), where
-  Keras turns it off. `model.jit_compile` says what is in effect.
-
-`predict()` (`predicting_per_replica`, which `strategykit.upstream.exact_predictions`
-enters) is built the same way: Keras compiles its `predict_step` per replica, which
-TensorFlow 2.18 places on the first device too. One graph is shared by the replicas'
-threads, which trace in turns, so the scope is entered by the first replica to start
-and left by the last to finish; whether an operation is marked is decided by the thread
-that creates it.
+Keras compiles its whole step with XLA, `strategy.run` included, which fails on several
+replicas (a replica's variable reached from the first device), so `"auto"` turns XLA
+off under every strategy while one GPU gets it. strategykit compiles each replica's
+step instead (`strategykit.xla.replica_steps`, used by `steps_per_execution`'s and
+`exact_predictions`' fixes), and this fix of `Trainer._resolve_auto_jit_compile` decides
+`"auto"` under several replicas as Keras does for one device: on with a GPU where every
+layer supports XLA, off without a GPU. Checked on Keras 3.8.0 to 3.15.1.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import threading
-
-import tensorflow as tf
-
 from strategykit.pinning.fix import Fix, original, resolve
+from strategykit.xla.replica_steps import has_accelerator
 
 ISSUE = "keras-team/keras#19005"
 _TRAINER = "keras.src.trainers.trainer:Trainer"
-_scopes: dict = {}  # graph -> [replicas inside, the entered jit_scope]
-_lock = threading.Lock()
-
-
-def compiles_each_replica(model) -> bool:
-    """Whether `model`'s steps compile per replica: `jit_compile` on (True, or "auto"
-    resolved to True), not eager, on a strategy of several replicas."""
-    return (not model.run_eagerly and model.jit_compile is True
-            and model.distribute_strategy.num_replicas_in_sync > 1)
-
-
-@contextlib.contextmanager
-def building_without_whole_step_xla(model):
-    """Keras builds its step function without compiling it whole where each replica's
-    step compiles instead (`compiles_each_replica`)."""
-    if not compiles_each_replica(model):
-        yield
-        return
-    model.jit_compile = False
-    try:
-        yield
-    finally:
-        model.jit_compile = True
-
-
-@contextlib.contextmanager
-def predicting_per_replica(model):
-    """During a `predict()` call, where each replica's step compiles: Keras builds its
-    predict function without XLA around a `predict_step` compiled per replica."""
-    if not compiles_each_replica(model):
-        yield
-        return
-    model.predict_step = compiling_each_replica(model.predict_step)
-    try:
-        with building_without_whole_step_xla(model):
-            yield
-    finally:
-        del model.predict_step
-
-
-def compiling_each_replica(step_function):
-    """`step_function` with every operation it creates in a replica context marked for
-    XLA (see the module docstring)."""
-
-    @functools.wraps(step_function)
-    def step(data):
-        with _replica_scope():
-            return step_function(data)
-
-    return step
-
-
-def _in_a_replica() -> bool:
-    return tf.distribute.has_strategy() and not tf.distribute.in_cross_replica_context()
-
-
-def _marks(node_def) -> bool:
-    """Every operation a replica creates, except collectives (a strategy that all-reduces
-    without a merge_call creates them in the replica context)."""
-    return _in_a_replica() and not node_def.op.startswith(_COLLECTIVES)
-
-
-_COLLECTIVES = ("Collective", "Nccl")
-
-
-@contextlib.contextmanager
-def _replica_scope():
-    graph = tf.compat.v1.get_default_graph()
-    with _lock:
-        entry = _scopes.setdefault(graph, [0, None])
-        if entry[0] == 0:
-            entry[1] = tf.xla.experimental.jit_scope(compile_ops=_marks)
-            entry[1].__enter__()
-        entry[0] += 1
-    try:
-        yield
-    finally:
-        with _lock:
-            entry[0] -= 1
-            if entry[0] == 0:
-                scope, entry[1] = entry[1], None
-                del _scopes[graph]
-                scope.__exit__(None, None, None)
-
-
-def auto_xla(strategy) -> str:
-    """What `jit_compile="auto"` gives a model compiled in `strategy`'s scope whose
-    layers all support XLA: `"each replica"` (several replicas, a GPU: each replica's
-    step compiled), `"whole step"` (one replica, a GPU: Keras compiles the whole step)
-    or `"off"` (no GPU, as Keras decides on one device; `jit_compile=True` compiles
-    anyway).
-
-    Example:
-        >>> import tensorflow as tf
-        >>> auto_xla(tf.distribute.get_strategy()) in ("off", "whole step")
-        True
-    """
-    if not _has_accelerator():
-        return "off"
-    return "each replica" if strategy.num_replicas_in_sync > 1 else "whole step"
-
-
-def _has_accelerator() -> bool:
-    return any(device.device_type != "CPU" for device in tf.config.list_physical_devices())
 
 
 def _resolve_auto_jit_compile(self):
     if self.distribute_strategy.num_replicas_in_sync == 1:
         return original(resolve(_TRAINER), "_resolve_auto_jit_compile")(self)
-    if not _has_accelerator():
+    if not has_accelerator():
         return False  # Keras's choice for one device too: no XLA on CPU-only machines
     return bool(resolve("keras.src.trainers.trainer:model_supports_jit")(self))
 

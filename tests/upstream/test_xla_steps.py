@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 
 import strategykit as sk
-from strategykit.upstream import xla_steps
+from strategykit.xla import replica_steps as xla_steps
 
 from conftest import assert_same_as_one_device, cpu_devices
 from workers import run_workers

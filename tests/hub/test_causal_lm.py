@@ -5,7 +5,7 @@ vocabulary and merges, fed raw strings (sk.shard data without labels): its prepr
 makes the inputs, the next-token labels and the padding mask as weights in each
 replica's own input pipeline. 37 texts (a final batch of 5, padded), float64, against
 one device on the same global batches: weights and `fit()`'s numbers (`evaluate()` of
-sk.shard data on keras-hub models: tests/keras_hub/test_text_classifier.py).
+sk.shard data on keras-hub models: tests/hub/test_text_classifier.py).
 """
 
 import keras

@@ -6,7 +6,7 @@ converter that rescales), converted to synchronized batch norm with
 `sk.convert_sync_batchnorm`, trained whole (DenseNet) and through keras.io's fine-tuning
 flow (ResNet): the backbone frozen (`backbone.trainable = False`), the head trained, the
 backbone unfrozen, recompiled in the scope and fine-tuned (validation data of keras-hub
-models: tests/keras_hub/test_text_classifier.py). 37 examples (a final batch of 5,
+models: tests/hub/test_text_classifier.py). 37 examples (a final batch of 5,
 padded), float64, against one device on the same global batches: every weight (moving
 statistics included) and every number `fit()` reports.
 """
