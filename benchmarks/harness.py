@@ -63,6 +63,17 @@ def alternated_rounds(setups: dict, order: list[str], *, rounds: int, steps: int
     return seconds
 
 
+def traced_and_alternated(order: list[str], setup: Callable, *, rounds: int,
+                          steps: int) -> dict:
+    """`alternated_rounds` of the variants in `order`, each's `(model, data)` made by
+    `setup(variant)` and its step traced by one uncounted round first."""
+    setups = {}
+    for variant in order:
+        setups[variant] = setup(variant)
+        fit_round_seconds(*setups[variant], steps=steps)  # traces
+    return alternated_rounds(setups, order, rounds=rounds, steps=steps)
+
+
 def iteration_step_seconds(make_iterable: Callable, *, repeats: int = 5) -> float:
     """Seconds per element of iterating `make_iterable()`: fastest of `repeats` passes."""
     best = float("inf")

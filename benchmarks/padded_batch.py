@@ -79,13 +79,14 @@ def _whole_call(marked: bool) -> float:
 
 def interleaved(order: list[str]) -> dict[str, list[float]]:
     """Both step variants of a pair in this process, their fit() rounds alternated."""
-    setups = {}
-    for variant in order:
+    def setup(variant):
         marked, kind = variant.split("_")[:2]
         with _publication(marked == "marked"):
-            setups[variant] = _setup(marked == "marked", kind == "sync")
-            harness.fit_round_seconds(*setups[variant], steps=workloads.STEPS)  # traces
-    return harness.alternated_rounds(setups, order, rounds=ROUNDS, steps=workloads.STEPS)
+            model, data = _setup(marked == "marked", kind == "sync")
+            harness.fit_round_seconds(model, data, steps=workloads.STEPS)  # traced here
+        return model, data
+
+    return harness.traced_and_alternated(order, setup, rounds=ROUNDS, steps=workloads.STEPS)
 
 
 VARIANTS = {

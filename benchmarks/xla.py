@@ -58,12 +58,11 @@ def _whole_call(xla: bool) -> float:
 
 def interleaved(order: list[str]) -> dict[str, list[float]]:
     """Both step variants of a pair in this process, their fit() rounds alternated."""
-    setups = {}
-    for variant in order:
+    def setup(variant):
         compiled, kind = variant.split("_")
-        setups[variant] = _setup(compiled == "xla", kind == "sync")
-        harness.fit_round_seconds(*setups[variant], steps=workloads.STEPS)  # traces
-    return harness.alternated_rounds(setups, order, rounds=ROUNDS, steps=workloads.STEPS)
+        return _setup(compiled == "xla", kind == "sync")
+
+    return harness.traced_and_alternated(order, setup, rounds=ROUNDS, steps=workloads.STEPS)
 
 
 VARIANTS = {
