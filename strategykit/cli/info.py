@@ -70,7 +70,7 @@ def render(facts: dict, as_json: bool = False) -> str:
         ("All-reduce", strategy["all_reduce"]),
         ("Workers", str(strategy["workers"])),
         ("Simulated devices", "yes" if strategy["simulated"] else "no"),
-        ("XLA (jit_compile='auto')", strategy["xla"]),
+        ("XLA by default", strategy["xla"]),
     ]
     width = max(len(label) for label, _ in rows)
     table = "\n".join(f"{label:<{width}}  {value}" for label, value in rows)

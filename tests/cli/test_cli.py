@@ -47,7 +47,7 @@ def test_info_table_has_one_aligned_row_per_fact(capsys):
     assert rows["Replicas"] == "2"
     assert rows["All-reduce"] == "collective ring"
     assert rows["Simulated devices"] == "yes"
-    assert rows["XLA (jit_compile='auto')"] == "off"  # no GPU
+    assert rows["XLA by default"] == "off"  # no GPU
     value_columns = {line.index(value) for line, value in zip(lines, rows.values())}
     assert len(value_columns) == 1
 
