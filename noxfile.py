@@ -8,7 +8,7 @@
 The newest pair is the README's own test command (`pip install -e ".[dev]" && python
 -m pytest`, whole suite); the older pairs run the tests of everything that depends on
 Keras's and TensorFlow's private code or numbers: upstream/, pinning/, equivalence/, data/,
-batchnorm/, callbacks/, strategy/, cli/ (the demo, the quiet console) and keras_hub/
+batchnorm/, callbacks/, strategy/, cli/ (the demo, the quiet console) and hub/
 (with the newest keras-hub release that the pair's Keras allows). Each pair's
 virtualenv is kept in .nox/ and reused.
 """

@@ -44,29 +44,28 @@ def _data():
     return rng.normal(size=(EXAMPLES, 6, 6, 2)), rng.integers(0, 3, EXAMPLES)
 
 
-@pytest.mark.parametrize(("sync_bn", "steps_per_execution"), [(True, 1), (False, 2)],
-                         ids=["sync_bn", "steps_per_execution_2"])
-def test_xla_on_four_replicas_equals_xla_on_one_device(float64, sync_bn,
-                                                        steps_per_execution):
+def test_xla_on_four_replicas_equals_xla_on_one_device(float64):
+    # Synchronized batch norm and steps_per_execution=2 (the K = 1 step: the two-worker
+    # test below); fit(), evaluate() and predict()
     x, y = _data()
-    one = _conv_net(sync_bn, steps_per_execution)
+    one = _conv_net(sync_bn=True, steps_per_execution=2)
     one_history = one.fit(x, y, batch_size=GLOBAL_BATCH, epochs=1, shuffle=False,
                           verbose=0).history
     one_scores = one.evaluate(x, y, batch_size=GLOBAL_BATCH, verbose=0, return_dict=True)
     strategy = sk.mirrored(cpu_devices(4))
     with strategy.scope():
-        model = _conv_net(sync_bn, steps_per_execution)
+        model = _conv_net(sync_bn=True, steps_per_execution=2)
     assert model.jit_compile is True and xla_steps.compiles_each_replica(model)
     train = sk.shard((x, y), strategy, global_batch_size=GLOBAL_BATCH)
     history = model.fit(train, epochs=1, verbose=0).history
     scores = model.evaluate(train, verbose=0, return_dict=True)
     assert_same_as_one_device(model, one, history, one_history)
     assert_same_as_one_device(model, one, scores, one_scores)
-    if sync_bn:  # predict() compiles per replica in Keras already; rows in order
-        predictions = model.predict(sk.shard(x, strategy, global_batch_size=GLOBAL_BATCH),
-                                    verbose=0)
-        np.testing.assert_allclose(predictions, one.predict(x, batch_size=GLOBAL_BATCH,
-                                                            verbose=0), atol=1e-12)
+    # predict() compiles per replica in Keras already; rows in order
+    predictions = model.predict(sk.shard(x, strategy, global_batch_size=GLOBAL_BATCH),
+                                verbose=0)
+    np.testing.assert_allclose(predictions, one.predict(x, batch_size=GLOBAL_BATCH,
+                                                        verbose=0), atol=1e-12)
 
 
 def test_each_replica_runs_compiled_clusters_and_the_all_reduce_stays_out(float64):
