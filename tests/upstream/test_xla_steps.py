@@ -1,12 +1,12 @@
-"""XLA (`jit_compile`) on 4 replicas trains as one device does with XLA.
+"""XLA (`jit_compile`) on several replicas trains as one device does with XLA.
 
 Keras compiles its whole step, `strategy.run` included, and fails at the first step on
 several replicas ("Trying to access resource .../replica_1 located in device CPU:1 from
 device CPU:0"): every test here fails on Keras alone. strategykit compiles each
-replica's own computation (`strategykit.upstream.xla_steps`). 37 examples, global batch
-16 (a padded final batch of 5), float64, against one device with `jit_compile=True` on
-the same global batches: every weight, every number fit() and evaluate() report, and
-predict()'s rows.
+replica's own computation (`strategykit.xla.replica_steps`). 37 examples, global batch
+16 (a padded final batch of 5: 3 and 2 examples on 2 replicas), float64, against one
+device with `jit_compile=True` on the same global batches: every weight, every number
+fit() and evaluate() report, and predict()'s rows.
 """
 
 import keras
@@ -44,7 +44,7 @@ def _data():
     return rng.normal(size=(EXAMPLES, 6, 6, 2)), rng.integers(0, 3, EXAMPLES)
 
 
-def test_xla_on_four_replicas_equals_xla_on_one_device(float64):
+def test_xla_on_two_replicas_equals_xla_on_one_device(float64):
     # Synchronized batch norm and steps_per_execution=2 (the K = 1 step: the two-worker
     # test below); fit(), evaluate() and predict()
     x, y = _data()
@@ -52,7 +52,7 @@ def test_xla_on_four_replicas_equals_xla_on_one_device(float64):
     one_history = one.fit(x, y, batch_size=GLOBAL_BATCH, epochs=1, shuffle=False,
                           verbose=0).history
     one_scores = one.evaluate(x, y, batch_size=GLOBAL_BATCH, verbose=0, return_dict=True)
-    strategy = sk.mirrored(cpu_devices(4))
+    strategy = sk.mirrored(cpu_devices(2))
     with strategy.scope():
         model = _conv_net(sync_bn=True, steps_per_execution=2)
     assert model.jit_compile is True and xla_steps.compiles_each_replica(model)
