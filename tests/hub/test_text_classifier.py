@@ -3,9 +3,11 @@
 A `BertTextClassifier` built from a tiny config (no download) with its own preprocessor
 (a `BertTokenizer` from a small vocabulary), fed raw strings: `fit()` with validation
 data, `evaluate()` and `predict()`; then, its preprocessor set to None (keras-hub's way to
-preprocess yourself), fed token dicts: `fit()` again. 37 examples (a final batch of 5,
-padded) against one device on the same global batches, float64. One model both ways:
-the token dicts reuse its traced train step.
+preprocess yourself), fed token dicts: `fit()` again. 21 examples (a full batch, then a
+final batch of 5, padded: 2, 1, 1 and 1 real examples on the replicas) against one device
+on the same global batches, float64. One model both ways: the token dicts reuse its
+traced train step. The one-device model runs eagerly: the same computation as its
+traced steps, without tracing them (the 4 replicas' steps are traced as usual).
 """
 
 import keras
@@ -19,12 +21,12 @@ from conftest import assert_same_as_one_device, cpu_devices
 
 keras_hub = pytest.importorskip("keras_hub")
 
-TRAIN, VALIDATION, GLOBAL_BATCH, LENGTH = 37, 21, 16, 8
+TRAIN, VALIDATION, GLOBAL_BATCH, LENGTH = 21, 21, 16, 8
 WORDS = ["the", "a", "cat", "dog", "sat", "ran", "on", "mat", "fast", "slow", "red", "big"]
 VOCABULARY = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]
 
 
-def _classifier(strategy):
+def _classifier(strategy, run_eagerly=False):
     with strategy.scope():
         keras.utils.set_random_seed(0)
         backbone = keras_hub.models.BertBackbone(
@@ -34,7 +36,8 @@ def _classifier(strategy):
             keras_hub.tokenizers.BertTokenizer(vocabulary=VOCABULARY), sequence_length=LENGTH)
         model = keras_hub.models.BertTextClassifier(
             backbone, num_classes=2, preprocessor=preprocessor, dropout=0.0)
-        model.compile(optimizer=keras.optimizers.Adam(1e-2), weighted_metrics=["accuracy"])
+        model.compile(optimizer=keras.optimizers.Adam(1e-2), weighted_metrics=["accuracy"],
+                      run_eagerly=run_eagerly)
     return model
 
 
@@ -84,7 +87,7 @@ def _on_tokens(model, strategy, sharded: bool):
 
 def test_a_text_classifier_on_four_replicas_equals_one_device(float64):
     one_device, strategy = tf.distribute.get_strategy(), sk.mirrored(cpu_devices(4))
-    one, model = _classifier(one_device), _classifier(strategy)
+    one, model = _classifier(one_device, run_eagerly=True), _classifier(strategy)
 
     one_history, one_evaluated, one_predicted = _on_strings(one, one_device, sharded=False)
     history, evaluated, predicted = _on_strings(model, strategy, sharded=True)
