@@ -83,11 +83,19 @@ print(os.environ.get("TF_CPP_MIN_LOG_LEVEL"), os.fstat(2) == before,
 """
 
 
+def installed_command() -> str:
+    """The installed `strategykit` script (beside this Python, or on the PATH)."""
+    command = pathlib.Path(sys.executable).with_name("strategykit")
+    return str(command) if command.exists() else shutil.which("strategykit")
+
+
 @pytest.fixture(scope="module")
 def quiet_info():
-    """`strategykit info --replicas 4 --json` through the installed command's entry point
-    (`strategykit_console:main`) in a fresh process with no logging variables."""
-    return run_fresh("-m", "strategykit_console", "info", "--replicas", "4", "--json")
+    """`strategykit info --replicas 4 --json` as a user types it: the installed script (its
+    entry point `strategykit_console:main`), a fresh process with no logging variables."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("TF_CPP", "ABSL"))}
+    return subprocess.run([installed_command(), "info", "--replicas", "4", "--json"],
+                          capture_output=True, text=True, timeout=300, env=clean)
 
 
 @pytest.fixture(scope="module")
@@ -98,10 +106,12 @@ def tensorflow_alone():
 
 
 def test_installed_command_shows_four_replicas_on_a_machine_without_gpus(quiet_info):
-    # A fresh process, as a user runs it: the command itself splits the CPU. The same run
-    # shows no TensorFlow log line: the next test.
+    # A fresh process, as a user runs it: the command itself splits the CPU, and prints
+    # nothing on stderr (no TensorFlow log line either: the next test).
     assert quiet_info.returncode == 0, quiet_info.stderr[-3000:]
-    assert json.loads(quiet_info.stdout)["strategy"]["replicas"] == 4
+    facts = json.loads(quiet_info.stdout)
+    assert facts["strategy"]["replicas"] == 4 and facts["fixes"]
+    assert quiet_info.stderr == ""
 
 
 def test_the_command_prints_no_tensorflow_log_line_unless_verbose(quiet_info, tensorflow_alone):
@@ -155,26 +165,13 @@ def test_the_filter_keeps_every_other_line_of_stderr():
 
 def test_python_m_strategykit_is_the_command(quiet_info):
     # `python -m strategykit` and `python -m strategykit.cli` become the command's entry
-    # point (strategykit/cli/run_as_module.py): the same output, as quiet. `launch` imports
-    # no TensorFlow there either, so its help is the cheap one compared.
-    for module in ("strategykit", "strategykit.cli"):
-        result = run_fresh("-m", module, "info", "--replicas", "4", "--json")
-        assert result.returncode == 0, result.stderr[-3000:]
-        assert result.stdout == quiet_info.stdout
-        assert tf_log_lines(result) == []
+    # point (strategykit/cli/run_as_module.py): `info` as the installed script prints it,
+    # as quiet; `launch` imports no TensorFlow there, so its help is compared on all three
+    # (`strategykit.cli`'s `info` runs the same replacement: one TensorFlow process less).
+    result = run_fresh("-m", "strategykit", "info", "--replicas", "4", "--json")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout == quiet_info.stdout
+    assert tf_log_lines(result) == []
     helps = {run_fresh("-m", module, "launch", "--help").stdout
              for module in ("strategykit_console", "strategykit", "strategykit.cli")}
     assert len(helps) == 1 and "usage: strategykit launch --workers N" in helps.pop()
-
-
-def test_the_installed_script_is_the_command(quiet_info):
-    # The installed `strategykit` script (beside this Python), as a user types it, against
-    # the command's entry point: the same output, as quiet (stderr empty).
-    command = pathlib.Path(sys.executable).with_name("strategykit")
-    command = command if command.exists() else shutil.which("strategykit")
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("TF_CPP", "ABSL"))}
-    installed = subprocess.run([str(command), "info", "--replicas", "4", "--json"],
-                               capture_output=True, text=True, timeout=300, env=clean)
-    assert installed.returncode == 0, installed.stderr[-3000:]
-    assert installed.stdout == quiet_info.stdout and installed.stderr == ""
-    assert json.loads(installed.stdout)["fixes"]
