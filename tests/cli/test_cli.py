@@ -17,10 +17,10 @@ from strategykit.cli import commands as cli
 TF_LOG_LINE = re.compile(r"[IWEF]\d{4} \d\d:\d\d:\d|WARNING: All log messages before absl")
 
 
-def run_fresh(*args, **env):
-    """Runs Python in a fresh process with no logging variables (plus `env`)."""
+def run_fresh(*args, program=sys.executable, **env):
+    """Runs `program` (Python) in a fresh process with no logging variables (plus `env`)."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("TF_CPP", "ABSL"))}
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True,
+    return subprocess.run([program, *args], capture_output=True, text=True,
                           timeout=300, env={**clean, **env})
 
 
@@ -86,16 +86,17 @@ print(os.environ.get("TF_CPP_MIN_LOG_LEVEL"), os.fstat(2) == before,
 def installed_command() -> str:
     """The installed `strategykit` script (beside this Python, or on the PATH)."""
     command = pathlib.Path(sys.executable).with_name("strategykit")
-    return str(command) if command.exists() else shutil.which("strategykit")
+    found = str(command) if command.exists() else shutil.which("strategykit")
+    assert found, f"no `strategykit` script beside {sys.executable} nor on the PATH: " \
+        'install the package (pip install -e ".[dev]")'
+    return found
 
 
 @pytest.fixture(scope="module")
 def quiet_info():
     """`strategykit info --replicas 4 --json` as a user types it: the installed script (its
     entry point `strategykit_console:main`), a fresh process with no logging variables."""
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("TF_CPP", "ABSL"))}
-    return subprocess.run([installed_command(), "info", "--replicas", "4", "--json"],
-                          capture_output=True, text=True, timeout=300, env=clean)
+    return run_fresh("info", "--replicas", "4", "--json", program=installed_command())
 
 
 @pytest.fixture(scope="module")
