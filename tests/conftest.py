@@ -86,6 +86,13 @@ def restorer(model):
     return restore
 
 
+def reference_runs_eagerly() -> bool:
+    """`compile(run_eagerly=...)` for a model compiled in the current strategy's scope:
+    True for the one-device reference (the same computation untraced, which saves a test
+    the reference's tracing), False under several replicas, traced as a user's steps are."""
+    return tf.distribute.get_strategy().num_replicas_in_sync == 1
+
+
 def assert_same_as_one_device(model, one, numbers: dict, one_numbers: dict, *,
                               atol: float = 1e-10, rtol: float = 1e-10):
     """`model` (trained on N replicas) has `one`'s weights within `atol`, and the numbers

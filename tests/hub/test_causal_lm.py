@@ -16,7 +16,7 @@ import tensorflow as tf
 
 import strategykit as sk
 
-from conftest import assert_same_as_one_device, cpu_devices
+from conftest import assert_same_as_one_device, cpu_devices, reference_runs_eagerly
 
 keras_hub = pytest.importorskip("keras_hub")
 
@@ -29,7 +29,7 @@ TOKENS = ["<|endoftext|>", *sorted(set("".join(WORDS)) | {"Ġ"}),
           *(merge.replace(" ", "") for merge in MERGES)]
 
 
-def _causal_lm(strategy, run_eagerly=False):
+def _causal_lm(strategy):
     with strategy.scope():
         keras.utils.set_random_seed(0)
         tokenizer = keras_hub.models.GPT2Tokenizer(
@@ -42,7 +42,7 @@ def _causal_lm(strategy, run_eagerly=False):
                                                                 sequence_length=LENGTH))
         model.compile(optimizer=keras.optimizers.Adam(1e-2),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                      weighted_metrics=["accuracy"], run_eagerly=run_eagerly)
+                      weighted_metrics=["accuracy"], run_eagerly=reference_runs_eagerly())
     return model
 
 
@@ -52,7 +52,7 @@ def _texts(examples, seed):
 
 
 def _fine_tuned(strategy, sharded: bool):
-    model = _causal_lm(strategy, run_eagerly=not sharded)
+    model = _causal_lm(strategy)
     train = _texts(TRAIN, 1)
     if sharded:
         train = {"x": sk.shard(train, strategy, global_batch_size=GLOBAL_BATCH)}

@@ -19,7 +19,7 @@ import tensorflow as tf
 
 import strategykit as sk
 
-from conftest import assert_same_as_one_device, cpu_devices
+from conftest import assert_same_as_one_device, cpu_devices, reference_runs_eagerly
 
 keras_hub = pytest.importorskip("keras_hub")
 
@@ -46,10 +46,10 @@ def _densenet():
                                                     preprocessor=preprocessor)
 
 
-def _compile(model, learning_rate, run_eagerly):
+def _compile(model, learning_rate):
     model.compile(optimizer=keras.optimizers.Adam(learning_rate),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  weighted_metrics=["accuracy"], run_eagerly=run_eagerly)
+                  weighted_metrics=["accuracy"], run_eagerly=reference_runs_eagerly())
 
 
 def _data(examples, seed):
@@ -62,7 +62,7 @@ def _fine_tuned(strategy, family, sharded: bool):
         keras.utils.set_random_seed(0)
         model = sk.convert_sync_batchnorm(family())
         model.backbone.trainable = family is not _resnet  # keras.io's flow on one family
-        _compile(model, 1e-2, run_eagerly=not sharded)
+        _compile(model, 1e-2)
     train = _data(TRAIN, 1)
     if sharded:
         train = {"x": sk.shard(train, strategy, global_batch_size=GLOBAL_BATCH)}
@@ -73,7 +73,7 @@ def _fine_tuned(strategy, family, sharded: bool):
         return model, head
     model.backbone.trainable = True
     with strategy.scope():
-        _compile(model, 1e-3, run_eagerly=not sharded)
+        _compile(model, 1e-3)
     tuned = model.fit(**train, epochs=1, verbose=0).history
     return model, {**head, **{f"tuned_{name}": values for name, values in tuned.items()}}
 

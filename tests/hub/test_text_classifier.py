@@ -17,7 +17,7 @@ import tensorflow as tf
 
 import strategykit as sk
 
-from conftest import assert_same_as_one_device, cpu_devices
+from conftest import assert_same_as_one_device, cpu_devices, reference_runs_eagerly
 
 keras_hub = pytest.importorskip("keras_hub")
 
@@ -26,7 +26,7 @@ WORDS = ["the", "a", "cat", "dog", "sat", "ran", "on", "mat", "fast", "slow", "r
 VOCABULARY = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]
 
 
-def _classifier(strategy, run_eagerly=False):
+def _classifier(strategy):
     with strategy.scope():
         keras.utils.set_random_seed(0)
         backbone = keras_hub.models.BertBackbone(
@@ -37,7 +37,7 @@ def _classifier(strategy, run_eagerly=False):
         model = keras_hub.models.BertTextClassifier(
             backbone, num_classes=2, preprocessor=preprocessor, dropout=0.0)
         model.compile(optimizer=keras.optimizers.Adam(1e-2), weighted_metrics=["accuracy"],
-                      run_eagerly=run_eagerly)
+                      run_eagerly=reference_runs_eagerly())
     return model
 
 
@@ -87,7 +87,7 @@ def _on_tokens(model, strategy, sharded: bool):
 
 def test_a_text_classifier_on_four_replicas_equals_one_device(float64):
     one_device, strategy = tf.distribute.get_strategy(), sk.mirrored(cpu_devices(4))
-    one, model = _classifier(one_device, run_eagerly=True), _classifier(strategy)
+    one, model = _classifier(one_device), _classifier(strategy)
 
     one_history, one_evaluated, one_predicted = _on_strings(one, one_device, sharded=False)
     history, evaluated, predicted = _on_strings(model, strategy, sharded=True)
