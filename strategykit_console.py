@@ -95,16 +95,48 @@ def finish_importing_package() -> None:
         package.__spec__.loader.exec_module(package)
 
 
-def quiet_tensorflow() -> None:
+def quiet_tensorflow(*, import_strategykit: bool = True) -> None:
     """Quiets TensorFlow in a process of the user's as the command does, then imports
     strategykit: `TF_CPP_MIN_LOG_LEVEL=2`, and TensorFlow's log lines filtered out of
     stderr (`strategykit.launcher.tensorflow_log.quiet_tensorflow`).
 
     Call it before TensorFlow is imported (examples/ray_train.py does, in its driver
     and in every Ray worker). The filter lasts until the interpreter exits.
+
+    Args:
+        import_strategykit: False for a process that may never train, such as each of
+            the processes Ray starts for a job (Ray Train's controller and its other
+            actors among them): the filter is installed, and neither strategykit nor
+            TensorFlow is imported (about 4.5 s of CPU and 650 MB a process); a later
+            `import strategykit` runs as usual.
+
+    Example:
+        >>> import subprocess, sys
+        >>> code = ("import sys, strategykit_console; "
+        ...         "strategykit_console.quiet_tensorflow(import_strategykit=False); "
+        ...         "print('tensorflow' in sys.modules, 'strategykit' in sys.modules)")
+        >>> subprocess.run([sys.executable, "-c", code], capture_output=True,
+        ...                text=True).stdout.split()
+        ['False', 'False']
     """
+    registered_here = "strategykit" not in sys.modules
     tensorflow_log().quiet_tensorflow()
-    finish_importing_package()
+    if import_strategykit:
+        finish_importing_package()
+    elif registered_here:
+        forget_package_without_tensorflow()
+
+
+def forget_package_without_tensorflow() -> None:
+    """Undoes `import_package_without_tensorflow` when the package's `__init__` has not
+    run: the package and the modules imported through it leave `sys.modules`, so that the
+    next `import strategykit` runs the package as usual. Modules already in use (the
+    stderr filter) go on working."""
+    package = sys.modules.get("strategykit")
+    if package is not None and "__all__" not in vars(package):
+        for name in [name for name in sys.modules
+                     if name == "strategykit" or name.startswith("strategykit.")]:
+            del sys.modules[name]
 
 
 def tensorflow_log() -> types.ModuleType:

@@ -152,12 +152,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def quiet_worker() -> None:
     """Run by every Ray worker process as it starts, before Ray's TensorFlow backend
     imports TensorFlow: TensorFlow's C++ log lines filtered out of its output, as by the
-    `strategykit` command."""
+    `strategykit` command. Ray Train's own actors (its controller, ...) run it too, and
+    most never train: TensorFlow is left to whatever imports it."""
     import logging
 
     from strategykit_console import quiet_tensorflow
 
-    quiet_tensorflow()
+    quiet_tensorflow(import_strategykit=False)
     # Ray Train's placement group cleaner asks Ray's state API, served by the dashboard
     # (not in ray[train]), whether the controller lives: without it, a warning a second.
     logging.getLogger("ray.train.v2._internal.execution.controller.placement_group_cleaner"

@@ -108,8 +108,9 @@ def test_every_docstring_example_runs(tmp_path):
     script = tmp_path / "doctests.py"
     script.write_text(f"""import os, sys, pytest
 os.chdir({str(ROOT)!r})
-sys.exit(pytest.main(["--doctest-modules", "strategykit", "-q", "-p", "no:xdist",
-                      "-p", "no:benchmark", "-p", "no:cacheprovider", "-o", "addopts="]))
+sys.exit(pytest.main(["--doctest-modules", "strategykit", "strategykit_console.py", "-q",
+                      "-p", "no:xdist", "-p", "no:benchmark", "-p", "no:cacheprovider",
+                      "-o", "addopts="]))
 """)
     [run] = run_processes(str(script), [_environment()], timeout=BUILD_TIMEOUT, check=False)
     failed = run.returncode != 0
