@@ -11,7 +11,6 @@ fit() and evaluate() report, and predict()'s rows.
 
 import keras
 import numpy as np
-import pytest
 import tensorflow as tf
 
 import strategykit as sk
