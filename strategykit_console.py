@@ -91,14 +91,19 @@ def finish_importing_package() -> None:
     """Runs the package's `__init__` on the module `import_package_without_tensorflow`
     registered: `sk.*` defined, TensorFlow imported. Does nothing when it has run."""
     package = sys.modules["strategykit"]
-    if "__all__" not in vars(package):  # the __init__'s last statement
+    if not _initialized(package):
         package.__spec__.loader.exec_module(package)
+
+
+def _initialized(package: types.ModuleType) -> bool:
+    """Whether the package's `__init__` has run (`__all__` is its last statement)."""
+    return "__all__" in vars(package)
 
 
 def quiet_tensorflow(*, import_strategykit: bool = True) -> None:
     """Quiets TensorFlow in a process of the user's as the command does, then imports
-    strategykit: `TF_CPP_MIN_LOG_LEVEL=2`, and TensorFlow's log lines filtered out of
-    stderr (`strategykit.launcher.tensorflow_log.quiet_tensorflow`).
+    strategykit unless told not to: `TF_CPP_MIN_LOG_LEVEL=2`, and TensorFlow's log lines
+    filtered out of stderr (`strategykit.launcher.tensorflow_log.quiet_tensorflow`).
 
     Call it before TensorFlow is imported (examples/ray_train.py does, in its driver
     and in every Ray worker). The filter lasts until the interpreter exits.
@@ -133,7 +138,7 @@ def forget_package_without_tensorflow() -> None:
     next `import strategykit` runs the package as usual. Modules already in use (the
     stderr filter) go on working."""
     package = sys.modules.get("strategykit")
-    if package is not None and "__all__" not in vars(package):
+    if package is not None and not _initialized(package):
         for name in [name for name in sys.modules
                      if name == "strategykit" or name.startswith("strategykit.")]:
             del sys.modules[name]
