@@ -50,7 +50,8 @@ class CopyInspector:
     def __init__(self, model: keras.Model):
         self.variables = list(model.weights)
         self.strategy = model.distribute_strategy
-        self._inspect = tf.function(self._differences_and_finite)
+        # Plain Python loops over the weights: nothing for AutoGraph to convert.
+        self._inspect = tf.function(self._differences_and_finite, autograph=False)
 
     @classmethod
     def of(cls, model: keras.Model) -> CopyInspector:

@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from strategykit.data import position
 from strategykit.data.batching import batch_for_replicas, count_batches
+from strategykit.data.own_functions import runs_users_functions
 
 
 def make_pipeline(examples, size=None, context=None, *, global_batch_size, remainder,
@@ -83,8 +84,9 @@ def make_pipeline(examples, size=None, context=None, *, global_batch_size, remai
 
     if count is not None and steps is not None:
         steps.append(count)
-    batches = position.positioned(one_pass, per_step, continuous=continuous,
-                                  resumes=not indexed)
+    batches = position.positioned(
+        one_pass, per_step, continuous=continuous, resumes=not indexed,
+        autograph=runs_users_functions(augment=augment, preprocess=preprocess))
     if specs is not None:
         specs.append(batches.element_spec)
     return batches.prefetch(tf.data.AUTOTUNE).with_options(options)

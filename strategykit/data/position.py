@@ -26,6 +26,7 @@ import threading
 import keras
 import tensorflow as tf
 
+from strategykit.data.own_functions import traced_as_written
 from strategykit.upstream.every_fit import add_to_every_fit
 
 _VARIABLES: dict = {}
@@ -73,7 +74,7 @@ def pending_skip() -> int:
 
 
 def positioned(make_pass, elements_per_step: int, *, continuous: bool = False,
-               resumes: bool = True) -> tf.data.Dataset:
+               resumes: bool = True, autograph: bool = True) -> tf.data.Dataset:
     """A dataset whose every pass is `make_pass(epoch)`, started at the training position.
 
     Args:
@@ -85,6 +86,9 @@ def positioned(make_pass, elements_per_step: int, *, continuous: bool = False,
         resumes: the first pass takes the pending skip (default); False: every pass
             starts at its first step and leaves the skip to a dataset that resumes
             (`predict()` between a resume and the `fit()` it resumes).
+        autograph: AutoGraph converts `make_pass` and the functions its pass maps, as
+            tf.data converts a user's (default, for passes that run a user's function);
+            False: they are traced as written (`strategykit.data.own_functions`).
 
     Returns:
         The dataset; its cardinality is unknown to tf.data (a pass may be shorter), so
@@ -117,7 +121,8 @@ def positioned(make_pass, elements_per_step: int, *, continuous: bool = False,
         return tf.data.Dataset.zip((epoch, skips)).flat_map(
             lambda epoch, skip: make_pass(epoch).skip(skip))
 
-    return tf.data.Dataset.from_tensors(0).flat_map(epochs)
+    return tf.data.Dataset.from_tensors(0).flat_map(
+        epochs if autograph else traced_as_written(epochs))
 
 
 class EpochTracker(keras.callbacks.Callback):
