@@ -5,7 +5,8 @@ keras.io's Transformer text classifier embeds tokens (a lookup per example) and 
 position table's gradient is one slice per position on one device; concatenated across
 replicas it was N slices per position, and every optimizer that squares its gradient
 (Adam, RMSprop, ...) drifted from one device (`strategykit.upstream.sparse_gradients`).
-Each replica gets different tokens and labels, so summing the wrong slices shows.
+Each replica gets different tokens and labels, so summing the wrong slices shows. The
+one-device reference runs eagerly (the same computation, without tracing it).
 """
 
 import keras
@@ -16,7 +17,7 @@ import tensorflow as tf
 import strategykit as sk
 from strategykit.upstream import sparse_gradients
 
-from conftest import cpu_devices
+from conftest import cpu_devices, reference_runs_eagerly
 
 MAXLEN, VOCABULARY, WIDTH = 6, 11, 4
 TOLERANCE = {"float64": 1e-12, "float32": 1e-5}
@@ -65,7 +66,7 @@ def _classifier(optimizer: str):
     x = keras.layers.GlobalAveragePooling1D(dtype=dtype)(x)
     outputs = keras.layers.Dense(1, dtype=dtype)(x)
     model = keras.Model(inputs, outputs)
-    model.compile(_optimizer(optimizer), "mse")
+    model.compile(_optimizer(optimizer), "mse", run_eagerly=reference_runs_eagerly())
     return model
 
 
