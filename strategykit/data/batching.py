@@ -1,8 +1,9 @@
 """Per-replica batches of one input pipeline: sample weights, and the final partial batch.
 
 `sk.shard` turns every input into a stream of unbatched examples per input pipeline;
-`batch_for_replicas` batches them for the replicas that pipeline feeds and appends a
-sample weight to every example. The final partial batch is handled in one of three ways:
+`batch_examples` batches each pass of them, and `for_replicas` appends a sample weight to
+every example of a batch and cuts it for the replicas that pipeline feeds. The final
+partial batch is handled in one of three ways:
 
 * **pad** (default): the final global batch of `r` real examples is filled up to the full
   global batch with copies of real examples that carry `sample_weight == -0.0` (see
@@ -36,6 +37,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from strategykit.batches.marks import pad_weights_like
+from strategykit.data.own_functions import traced_as_written
 
 WEIGHT_DTYPE = tf.float64
 """The sample weights' dtype. A padded batch's real examples carry `global batch / r`,
@@ -57,29 +59,60 @@ def split_labels(element):
     return element, None, None
 
 
-def batch_for_replicas(
-    examples: tf.data.Dataset,
-    *,
-    pipeline_batch_size: int,
-    replicas: int,
-    remainder: str,
-    per_replica: bool,
-    size: int | None = None,
-    class_weights=None,
-    preprocess=None,
-    indexed: bool = False,
-) -> tf.data.Dataset:
-    """Batches one pipeline's examples for its replicas, with sample weights.
+def batch_examples(examples: tf.data.Dataset, *, pipeline_batch_size: int, replicas: int,
+                   remainder: str, size: int | None = None) -> tf.data.Dataset:
+    """One pass of one pipeline's examples in batches of a step, nothing added yet.
 
     Args:
         examples: unbatched examples: `(x, y)`, `(x, y, sample_weight)` or features `x`.
         pipeline_batch_size: examples per step for this pipeline (all its replicas).
         replicas: replicas this pipeline feeds; `pipeline_batch_size` is a multiple.
         remainder: `"pad"`, `"split"` or `"drop"`.
+        size: the number of examples of this pipeline, when known (`"split"` uses it).
+
+    Returns:
+        A dataset of one batch per step (the final one partial, or joined to the one
+        before by `"split"`), of known cardinality when `size` is known; `for_replicas`
+        then weighs, pads and cuts each.
+    """
+    if remainder == "split":
+        batches = _batches_without_tiny_remainder(examples, pipeline_batch_size, replicas, size)
+    else:
+        batches = examples.batch(pipeline_batch_size, drop_remainder=remainder == "drop")
+    if size is None:
+        return batches
+    # Grouping loses tf.data's count of the batches; state it, so that Keras knows the
+    # number of steps (no "ran out of data", a progress bar of N/N).
+    return batches.apply(tf.data.experimental.assert_cardinality(
+        count_batches(size, pipeline_batch_size, replicas, remainder)))
+
+
+def for_replicas(
+    batches: tf.data.Dataset,
+    *,
+    pipeline_batch_size: int,
+    replicas: int,
+    remainder: str,
+    per_replica: bool,
+    class_weights=None,
+    preprocess=None,
+    indexed: bool = False,
+) -> tf.data.Dataset:
+    """The batches of `batch_examples`, with sample weights, padded, for the replicas.
+
+    Each batch is turned on its own, whatever epoch it comes from: a pipeline of many
+    epochs (`position.positioned`) maps this once, after its passes, rather than in each
+    pass, so that a large function (keras-hub's tokenizer) is made ready once per
+    iterator, not again every pass.
+
+    Args:
+        batches: batches of a step, as `batch_examples` makes them.
+        pipeline_batch_size: examples per step for this pipeline (all its replicas).
+        replicas: replicas this pipeline feeds; `pipeline_batch_size` is a multiple.
+        remainder: `"pad"`, `"split"` or `"drop"`, as the batches were made.
         per_replica: cut every batch into per-replica batches (for
             `distribute_datasets_from_function`); otherwise the batches are global
             (for `experimental_distribute_dataset`, which cuts them itself).
-        size: the number of examples of this pipeline, when known (`"split"` uses it).
         class_weights: None, or a function `(x, y) -> weights` of a batch, one per
             example (Keras's `class_weight`), multiplied into the weights before the
             batch is padded: a padded copy keeps its weight -0.0.
@@ -87,19 +120,16 @@ def batch_for_replicas(
             `preprocess_samples`: a tokenizer, say) run on every batch first, before
             its weights; it may make the labels and weights (a causal LM's next tokens
             and padding mask), which are then weighted and padded as given ones.
-        indexed: the examples are `(index, example)` pairs; each batch is then
+            AutoGraph converts the batch function then, as tf.data converts a user's;
+            strategykit's own are traced as written (`own_functions`).
+        indexed: the batches are of `(index, example)` pairs; each batch is then
             `(batch, indices)`, with index -1 for a padded copy.
 
     Returns:
         A dataset of batches `(x, y, w)`, or `x` for features-only data (which cannot
         carry weights: its padded copies are not marked), or with `indexed`
-        `(batch, indices)`; of known cardinality when `size` is known (`replicas`
-        elements a step when `per_replica`).
+        `(batch, indices)`; `replicas` elements a step when `per_replica`.
     """
-    if remainder == "split":
-        batches = _batches_without_tiny_remainder(examples, pipeline_batch_size, replicas, size)
-    else:
-        batches = examples.batch(pipeline_batch_size, drop_remainder=remainder == "drop")
     pad = remainder == "pad"
 
     def weigh(*element):
@@ -124,21 +154,18 @@ def batch_for_replicas(
                         indices=indices)
         return batch if indices is None else (batch, indices)
 
+    if preprocess is None:
+        weigh = traced_as_written(weigh)
     batches = batches.map(weigh, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    if per_replica:
-        batches = (split_evenly(batches, replicas) if remainder == "split"
-                   else batches.rebatch(pipeline_batch_size // replicas))
-    if size is None:
+    if not per_replica:
         return batches
-    # Grouping and splitting lose tf.data's count of the batches; state it, so that
-    # Keras knows the number of steps (no "ran out of data", a progress bar of N/N).
-    steps = count_batches(size, pipeline_batch_size, replicas, remainder)
-    return batches.apply(
-        tf.data.experimental.assert_cardinality(steps * (replicas if per_replica else 1)))
+    if remainder == "split":
+        return split_evenly(batches, replicas)
+    return batches.rebatch(pipeline_batch_size // replicas)
 
 
 def weight_rank(y, user_weight=None) -> int:
-    """The rank of the sample weights `batch_for_replicas` gives batches of labels `y`.
+    """The rank of the sample weights `for_replicas` gives batches of labels `y`.
 
     Keras multiplies a sample weight into the per-element losses and lines the two up
     only when their ranks differ by at most one. Labels of rank 3 or more (per-pixel
@@ -167,7 +194,7 @@ def _to_rank(weight, rank: int):
 
 
 def count_batches(size: int, batch_size: int, replicas: int, remainder: str) -> int:
-    """How many batches `batch_for_replicas` makes of `size` examples (one per step).
+    """How many batches `batch_examples` makes of `size` examples (one per step).
 
     Example:
         >>> count_batches(10, 4, replicas=2, remainder="pad")
@@ -203,7 +230,7 @@ def split_evenly(batches: tf.data.Dataset, replicas: int) -> tf.data.Dataset:
 
         return tf.data.Dataset.range(replicas).map(piece)
 
-    return batches.flat_map(pieces)
+    return batches.flat_map(traced_as_written(pieces))
 
 
 def _batches_without_tiny_remainder(examples, batch_size: int, replicas: int, size):

@@ -9,8 +9,8 @@ from __future__ import annotations
 import tensorflow as tf
 
 from strategykit.data import position
-from strategykit.data.batching import batch_for_replicas, count_batches
-from strategykit.data.own_functions import runs_users_functions
+from strategykit.data.batching import batch_examples, count_batches, for_replicas
+from strategykit.data.own_functions import runs_users_functions, traced_as_written
 
 
 def make_pipeline(examples, size=None, context=None, *, global_batch_size, remainder,
@@ -28,16 +28,16 @@ def make_pipeline(examples, size=None, context=None, *, global_batch_size, remai
 
     Every pass starts at the training position (`strategykit.data.position`): with a
     `seed`, its epoch keys the shuffle order and the augmentation seeds, and a resumed
-    epoch skips the steps done before the interruption. tf.data then no longer knows the number of
-    batches; when it is known it is appended to the list `steps`, for the caller to
+    epoch skips the steps done before the interruption. tf.data then no longer knows the
+    number of batches; when it is known it is appended to the list `steps`, for the caller to
     state to Keras; the spec of a step's element is appended to the list `specs`. With
     `continuous`, one pass of the result is every epoch's pass from the current one on
     (`position.positioned`). `class_weights` multiplies every batch's weights, and
     `preprocess` (keras-hub's) turns every batch into the model's inputs first
-    (`batching.batch_for_replicas`). With `indexed` (for `predict()`), every batch is
-    `(batch, indices)`: each slot's index among the examples in the order they come, -1
-    for a padded copy; a pass then starts at its epoch's first step whatever a resumed
-    run skips (which is the next `fit()`'s).
+    (`batching.for_replicas`, mapped once after the passes, not in each). With `indexed`
+    (for `predict()`), every batch is `(batch, indices)`: each slot's index among the
+    examples in the order they come, -1 for a padded copy; a pass then starts at its
+    epoch's first step whatever a resumed run skips (which is the next `fit()`'s).
     """
     options = tf.data.Options()
     policy = tf.data.experimental.AutoShardPolicy
@@ -51,8 +51,6 @@ def make_pipeline(examples, size=None, context=None, *, global_batch_size, remai
             replicas //= context.num_input_pipelines
         batch_size = context.get_per_replica_batch_size(global_batch_size) * replicas
     count = count_batches(size, batch_size, replicas, remainder) if size is not None else None
-    per_step = 1 if context is None else (
-        replicas // context.num_input_pipelines if every_replica else replicas)
 
     if indexed:
         examples = examples.enumerate()  # (index, example), numbered before any shuffle
@@ -74,19 +72,19 @@ def make_pipeline(examples, size=None, context=None, *, global_batch_size, remai
             if augment is not None:
                 shuffled = _augmented(shuffled, augment, seed, epoch,
                                       None if every_replica else context, indexed)
-        batches = batch_for_replicas(
-            shuffled, pipeline_batch_size=batch_size, replicas=replicas, remainder=remainder,
-            per_replica=context is not None, size=size, class_weights=class_weights,
-            preprocess=preprocess,
-            indexed=indexed,
-        )
-        return _own_replicas(batches, context, count) if every_replica else batches
+        return batch_examples(shuffled, pipeline_batch_size=batch_size, replicas=replicas,
+                              remainder=remainder, size=size)
 
     if count is not None and steps is not None:
         steps.append(count)
-    batches = position.positioned(
-        one_pass, per_step, continuous=continuous, resumes=not indexed,
-        autograph=runs_users_functions(augment=augment, preprocess=preprocess))
+    batches = position.positioned(one_pass, 1, continuous=continuous, resumes=not indexed,
+                                  autograph=runs_users_functions(augment=augment))
+    batches = for_replicas(
+        batches, pipeline_batch_size=batch_size, replicas=replicas, remainder=remainder,
+        per_replica=context is not None, class_weights=class_weights, preprocess=preprocess,
+        indexed=indexed)
+    if every_replica:
+        batches = _own_replicas(batches, context)
     if specs is not None:
         specs.append(batches.element_spec)
     return batches.prefetch(tf.data.AUTOTUNE).with_options(options)
@@ -105,18 +103,16 @@ def _known_size(examples: tf.data.Dataset) -> int | None:
     return cardinality if cardinality >= 0 else None
 
 
-def _own_replicas(batches: tf.data.Dataset, context, count) -> tf.data.Dataset:
-    """This pipeline's replicas' batches, of every replica's batches in replica order.
-
-    `count` is the number of steps, when known."""
+def _own_replicas(batches: tf.data.Dataset, context) -> tf.data.Dataset:
+    """This pipeline's replicas' batches, of every replica's batches in replica order
+    (every step is one batch for each replica, so the order holds across passes)."""
     pipelines, replicas = context.num_input_pipelines, context.num_replicas_in_sync
     if pipelines == 1:
         return batches
     local, index = replicas // pipelines, context.input_pipeline_id
-    own = batches.enumerate().filter(
-        lambda i, _: (i % replicas) // local == index).map(lambda _, batch: batch)
-    return own.apply(tf.data.experimental.assert_cardinality(count * local)) if (
-        count is not None) else own
+    return batches.enumerate().filter(
+        traced_as_written(lambda i, _: (i % replicas) // local == index)).map(
+        traced_as_written(lambda _, batch: batch))
 
 
 def _augmented(examples, augment, seed, epoch, context, indexed=False):
