@@ -25,10 +25,10 @@ import time
 
 import numpy as np
 import pytest
-from test_multi_worker import PER_REPLICA, build_model, training_data
 
 import strategykit as sk
 
+from multi_worker_model import PER_REPLICA, build_model, training_data
 from workers import TEST_PATHS, run_processes
 
 EPOCHS = 4
@@ -46,8 +46,9 @@ import json, os, signal, sys, time
 sys.path[:0] = {tests!r}
 import keras
 import strategykit as sk
-from test_launch_resume import EPOCHS
-from test_multi_worker import PER_REPLICA, build_model, training_data
+from multi_worker_model import PER_REPLICA, build_model, training_data
+
+EPOCHS = {epochs}
 
 out, how = sys.argv[1], sys.argv[2]
 # Under `strategykit launch` or as a plain run (one process: attempt 0, worker 0).
@@ -133,7 +134,7 @@ def _launch(tmp_path, how, *launch_options, run=None):
     out = tmp_path / "out"
     out.mkdir(exist_ok=True)
     script = tmp_path / "train.py"
-    script.write_text(_WORKER.format(tests=TEST_PATHS))
+    script.write_text(_WORKER.format(tests=TEST_PATHS, epochs=EPOCHS))
     launcher = subprocess.Popen(
         [sys.executable, "-m", "strategykit_console", "launch", "--workers", "2",
          "--preload", *launch_options,

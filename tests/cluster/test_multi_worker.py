@@ -9,60 +9,30 @@ gradient all-reduce, synchronized batch norm) makes the weights differ.
 import csv
 import os
 
-import keras
 import numpy as np
 import pytest
 
 import strategykit as sk
 
+from multi_worker_model import (
+    EPOCHS,
+    PER_REPLICA,
+    build_model,
+    model_with_metrics,
+    training_data,
+    validation_data,
+)
 from workers import run_workers
 
-EPOCHS = 3
-EXAMPLES = 96  # 6 steps of 16 on 2 workers, 4 steps of 24 on 3: no partial batch
-PER_REPLICA = 8
 TOLERANCE = 1e-5
-
-
-def build_model():
-    """A compiled Dense -> SyncBatchNormalization -> Dense regressor, seeded."""
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential([
-        keras.Input((5,)), keras.layers.Dense(8), sk.SyncBatchNormalization(),
-        keras.layers.Activation("relu"), keras.layers.Dense(1)])
-    model.compile(keras.optimizers.SGD(0.05, momentum=0.9), "mse")
-    return model
-
-
-def training_data():
-    rng = np.random.default_rng(7)
-    x = rng.normal(size=(EXAMPLES, 5)).astype("float32")
-    y = (x @ rng.normal(size=(5, 1)) + 1.0).astype("float32")
-    return x, y
-
-
-def validation_data(replicas):
-    """`(x, y, weights)` whose final batch, of `PER_REPLICA * replicas`, holds 1 example:
-    fewer than replicas. The weights go from 0 to 2."""
-    x, y = training_data()
-    size = 2 * PER_REPLICA * replicas + 1
-    return x[:size], y[:size], np.linspace(0.0, 2.0, size).astype("float32")
-
-
-def model_with_metrics(trained):
-    """`build_model()` with `trained`'s weights, compiled with a metric and a weighted one."""
-    model = build_model()
-    model.compile("sgd", "mse", metrics=[keras.metrics.MeanAbsoluteError(name="mae")],
-                  weighted_metrics=[keras.metrics.MeanSquaredError(name="weighted_mse")])
-    model.set_weights(trained.get_weights())
-    return model
 
 
 _FIT = """
 import json, sys
 import keras, numpy as np
 import strategykit as sk
-from test_multi_worker import (EPOCHS, PER_REPLICA, build_model, model_with_metrics,
-                               training_data, validation_data)
+from multi_worker_model import (EPOCHS, PER_REPLICA, build_model, model_with_metrics,
+                                training_data, validation_data)
 
 out = sys.argv[1]
 strategy = sk.from_env()
@@ -214,7 +184,7 @@ def test_shard_gives_each_worker_its_slices_of_every_global_batch(tmp_path):
 _NAN = """
 import keras, numpy as np
 import strategykit as sk
-from test_multi_worker import build_model, training_data
+from multi_worker_model import build_model, training_data
 
 strategy = sk.from_env()
 x, y = training_data()
@@ -238,7 +208,7 @@ _WITHOUT_FIXES = """
 import json
 import strategykit as sk
 from strategykit import upstream
-from test_multi_worker import build_model, training_data
+from multi_worker_model import build_model, training_data
 
 strategy = sk.from_env()
 x, y = training_data()
@@ -268,7 +238,7 @@ def test_keras_fit_fails_across_workers_without_each_fix(tmp_path):
 _UNSHARED_BACKUP = """
 import os, sys
 import strategykit as sk
-from test_multi_worker import build_model, training_data
+from multi_worker_model import build_model, training_data
 
 strategy = sk.from_env()
 x, y = training_data()
