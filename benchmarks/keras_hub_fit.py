@@ -66,7 +66,7 @@ def sk_shard_call() -> float:
     strategy, model, texts = _setup()
     start = time.perf_counter()
     model.fit(sk.shard(texts, strategy, global_batch_size=GLOBAL_BATCH), epochs=EPOCHS,
-                 verbose=0)
+              verbose=0)
     return time.perf_counter() - start
 
 

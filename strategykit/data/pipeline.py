@@ -77,7 +77,7 @@ def make_pipeline(examples, size=None, context=None, *, global_batch_size, remai
 
     if count is not None and steps is not None:
         steps.append(count)
-    batches = position.positioned(one_pass, 1, continuous=continuous, resumes=not indexed,
+    batches = position.positioned(one_pass, continuous=continuous, resumes=not indexed,
                                   autograph=runs_users_functions(augment=augment))
     batches = for_replicas(
         batches, pipeline_batch_size=batch_size, replicas=replicas, remainder=remainder,

@@ -73,13 +73,13 @@ def pending_skip() -> int:
     return int(_variables()["skip"].numpy())
 
 
-def positioned(make_pass, elements_per_step: int, *, continuous: bool = False,
-               resumes: bool = True, autograph: bool = True) -> tf.data.Dataset:
+def positioned(make_pass, *, continuous: bool = False, resumes: bool = True,
+               autograph: bool = True) -> tf.data.Dataset:
     """A dataset whose every pass is `make_pass(epoch)`, started at the training position.
 
     Args:
-        make_pass: a function of the epoch (an int64 tensor) returning that epoch's pass.
-        elements_per_step: elements of that dataset per training step.
+        make_pass: a function of the epoch (an int64 tensor) returning that epoch's pass,
+            one element (a step's batch) per training step: a skip leaves out elements.
         continuous: every pass of the dataset is one epoch's pass (the current one)
             when False (default); when True, one pass holds every epoch's pass from the
             current one on, endlessly, the first starting at the pending skip.
@@ -96,7 +96,7 @@ def positioned(make_pass, elements_per_step: int, *, continuous: bool = False,
 
     Example:
         >>> import tensorflow as tf
-        >>> ds = positioned(lambda epoch: tf.data.Dataset.from_tensors(epoch), 1,
+        >>> ds = positioned(lambda epoch: tf.data.Dataset.from_tensors(epoch),
         ...                 continuous=True)
         >>> [int(e) for e in ds.take(3)]  # epochs 0, 1, 2 after one another
         [0, 1, 2]
@@ -114,9 +114,9 @@ def positioned(make_pass, elements_per_step: int, *, continuous: bool = False,
         else:
             skip = tf.constant(0, tf.int64)
         if not continuous:  # one pass: no dataset of epochs to trace the pass inside
-            return make_pass(first).skip(skip * elements_per_step)
+            return make_pass(first).skip(skip)
         epoch = tf.data.Dataset.range(first, tf.constant(tf.int64.max, tf.int64))
-        skips = tf.data.Dataset.from_tensors(skip * elements_per_step).concatenate(
+        skips = tf.data.Dataset.from_tensors(skip).concatenate(
             tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).repeat())
         return tf.data.Dataset.zip((epoch, skips)).flat_map(
             lambda epoch, skip: make_pass(epoch).skip(skip))
