@@ -26,7 +26,7 @@ from strategykit.data import position, predict_input
 from strategykit.data.batching import split_labels
 from strategykit.data.pipeline import make_pipeline
 from strategykit.data.sources import check_size, examples_source
-from strategykit.data.stream import EpochStream, attach_stream
+from strategykit.data.stream import EpochStream, PassEachEpoch, attach_stream
 from strategykit.upstream import model_scope, remade_data, state_steps
 
 _WEIGHTED = weakref.WeakKeyDictionary()  # distributed datasets made here that carry weights
@@ -241,6 +241,9 @@ def shard(
                 attach_stream(distributed, EpochStream(
                     lambda: distribute(continuous=True, **options),
                     own_steps[0], element_spec=own_specs[0], keyed_by_epoch=keyed_by_epoch))
+        elif not is_multi_worker(strategy):  # of unknown size: each epoch read to its end
+            attach_stream(distributed, PassEachEpoch(lambda: distribute(**options),
+                                                     element_spec=own_specs[0]))
         _WEIGHTED[distributed] = True
         model_scope.register(distributed, strategy)
         remade_data.register(distributed, lambda **changes: made(**{**options, **changes}),

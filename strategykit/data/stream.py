@@ -96,7 +96,13 @@ class EpochStream:
                 self._retire()
 
     def example_batch(self):
-        """A batch of zeros shaped as one replica's batch (for building a model)."""
+        """A batch of zeros shaped as one replica's batch (for building a model), or None
+        where a shape is unknown beyond the batch (sequences of any length): the model is
+        then built from a batch read, as Keras builds it."""
+        specs = tf.nest.flatten(self.element_spec)
+        if any(spec.shape.rank is None or not spec.shape[1:].is_fully_defined()
+               for spec in specs):
+            return None
         return tf.nest.map_structure(
             lambda spec: tf.zeros([d if d is not None else 1 for d in spec.shape], spec.dtype),
             self.element_spec)
@@ -123,7 +129,59 @@ class EpochStream:
         self._iterator, self._open = None, False
 
 
-def attach_stream(distributed, stream: EpochStream) -> None:
+class PassEachEpoch:
+    """The epochs of an `sk.shard` dataset of unknown size: a new iterator each epoch,
+    read to its end (no steps: `strategykit.upstream.epoch_input` reads each batch
+    before its step, and no step runs past the end).
+
+    Args:
+        make_one_pass: a function of no arguments returning the distributed dataset of
+            one pass (made when the first epoch is read).
+        element_spec: the per-step element's spec, for `example_batch`.
+    """
+
+    steps = None
+
+    def __init__(self, make_one_pass, *, element_spec):
+        self._make_one_pass = make_one_pass
+        self._one_pass = None
+        self.element_spec = element_spec
+        self.iterators_made = 0
+        self._lock = threading.Lock()
+        self._iterator = None
+        self._token = 0
+
+    def open_epoch(self) -> tuple:
+        """A new iterator at the start of the current epoch's pass, None steps, a token."""
+        with self._lock:
+            self._retire()
+            if self._one_pass is None:
+                self._one_pass = self._make_one_pass()
+            self._iterator = iter(self._one_pass)
+            self.iterators_made += 1
+            self._token += 1
+            return self._iterator, None, self._token
+
+    def close_epoch(self, token: int, completed: bool) -> None:
+        """Lets go of the epoch's iterator (read to its end, or broken off)."""
+        with self._lock:
+            if token == self._token:
+                self._retire()
+
+    example_batch = EpochStream.example_batch
+
+    def release(self) -> None:
+        """Lets go of the iterator (on the reaper's thread)."""
+        with self._lock:
+            self._retire()
+
+    def _retire(self) -> None:
+        if self._iterator is not None:
+            iterator_reaper.release(self._iterator)
+        self._iterator = None
+
+
+def attach_stream(distributed, stream: EpochStream | PassEachEpoch) -> None:
     """Makes Keras read `distributed` through `stream`; the stream's iterator is released
     (off the caller's thread) when `distributed` is."""
     epoch_input.register(distributed, stream)
@@ -170,7 +228,7 @@ def epochs(dataset, epochs: int, *, initial_epoch: int = 0):
     stream = stream_of(dataset)
     for epoch in range(initial_epoch, epochs):
         position.set_epoch(epoch)
-        if stream is None:
+        if stream is None or stream.steps is None:  # unknown size: to the end, as `for`
             yield epoch, iter(dataset)
             continue
         iterator, steps, token = stream.open_epoch()

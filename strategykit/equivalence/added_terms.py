@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -92,9 +93,10 @@ def differing_terms(single, distributed, strategy, x, global_batch_size: int, we
 
     Returns:
         `DifferingTerm`s, in the model's layer order, full batch first; empty on Keras
-        code not checked.
+        code not checked, and for a model without `call()` (trained by its
+        `train_step` alone).
     """
-    if replica_losses.own_terms_by_layer(single) is None:
+    if replica_losses.own_terms_by_layer(single) is None or not _has_call(single):
         return []
     examples = len(tf.nest.flatten(x)[0])
     batches = [(0, global_batch_size)]
@@ -113,6 +115,12 @@ def differing_terms(single, distributed, strategy, x, global_batch_size: int, we
                      else COPIES if stop - start < global_batch_size else OTHER)
             found.append(DifferingTerm(name, one, counted, cause, stop - start))
     return found
+
+
+def _has_call(model) -> bool:
+    """Whether the model has a forward pass of its own to compute the terms with: a
+    model trained by its `train_step` alone (keras.io's VAE, GAN) has no `call()`."""
+    return type(model).call is not keras.Model.call
 
 
 def _close(found: float, expected: float, tolerance: float) -> bool:

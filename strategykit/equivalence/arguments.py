@@ -29,15 +29,18 @@ def check_model_fn(model_fn) -> None:
         )
 
 
-def check_run(strategy, global_batch_size, steps, tolerance) -> None:
-    """Raises ValueError for a `strategy`, batch, step count or tolerance not allowed."""
+def check_run(strategy, global_batch_size, steps, tolerance, epochs=2) -> None:
+    """Raises ValueError for a `strategy`, batch, step or epoch count or tolerance not
+    allowed."""
     if strategy is not None:
         check_strategy(strategy)
-    for name, value in (("global_batch_size", global_batch_size), ("steps", steps)):
-        if (value is not None or name == "steps") and not _positive_int(value):
+    examples = {"global_batch_size": 8, "steps": 3, "epochs": 2}
+    for name, value in (("global_batch_size", global_batch_size), ("steps", steps),
+                        ("epochs", epochs)):
+        if (value is not None or name != "global_batch_size") and not _positive_int(value):
             raise ValueError(
                 f"{name} must be a positive int. Received: {name}={value!r}. Pass e.g. "
-                f"{name}={8 if name == 'global_batch_size' else 3}."
+                f"{name}={examples[name]}."
             )
     if (isinstance(tolerance, bool) or not isinstance(tolerance, numbers.Real)
             or not math.isfinite(tolerance) or tolerance < 0):

@@ -9,6 +9,7 @@ default in float64 so that float32 rounding cannot decide the verdict.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import keras
@@ -25,6 +26,7 @@ from strategykit.equivalence.arguments import (
 )
 from strategykit.equivalence.precision import (
     cast_floats,
+    cast_floats_of_dataset,
     cast_regularizers,
     global_dtype,
     other_dtype_layers,
@@ -37,6 +39,7 @@ from strategykit.strategy.build import mirrored
 __all__ = ["CheckReport", "check"]
 
 
+
 def check(
     model_fn,
     data,
@@ -44,6 +47,7 @@ def check(
     *,
     global_batch_size: int | None = None,
     steps: int = 3,
+    epochs: int = 2,
     tolerance: float = 1e-5,
     strategy: tf.distribute.Strategy | None = None,
     dtype: str | None = "float64",
@@ -53,8 +57,13 @@ def check(
 
     Both runs start from the same weights (the 1-device model's initial weights are
     copied into the distributed one) and see the same global batches in the same order,
-    unshuffled, fed as `fit()` is fed: one device the arrays in batches of
-    `global_batch_size`, N replicas `sk.shard` data of them, sample weights included.
+    unshuffled, for `epochs` epochs, fed as `fit()` is fed: one device the arrays in
+    batches of `global_batch_size`, N replicas `sk.shard` data of them (of a
+    `tf.data.Dataset` given as `data`: `sk.shard` of that dataset itself, its size
+    unknown where tf.data does not know it), sample weights included. Each epoch's last
+    step is a partial batch for labeled data. The optimizers must have counted the same
+    steps (`optimizer.iterations`, which Adam and learning-rate schedules read).
+    `CheckReport.coverage` and the printed report say what was covered.
     When their weights agree, every value `fit()` reported must agree too (the loss and
     each metric, or what a custom `train_step` returns: a loss reported as 1/N of one
     device's is named as such), and both then evaluate the examples of the steps and
@@ -110,7 +119,12 @@ def check(
         replicas: replicas of the distributed run. Default 2.
         global_batch_size: examples per step of the distributed run over all replicas.
             Default: `4 * replicas`. Must be a multiple of `replicas`.
-        steps: weight updates to compare. Default 3.
+        steps: weight updates of each epoch. Default 3. With labeled data (and no
+            accumulation) the last is a partial global batch, half of it real: padded
+            with copies on N replicas, as at the end of most data.
+        epochs: passes over those steps. Default 2: what happens at an epoch's end
+            (Keras's end of the data, the next pass, the optimizer's step count carried
+            on) is compared too. Pass 1 to halve the time of a check on a deep net.
         tolerance: largest absolute weight difference accepted, and largest difference
             of a value `fit()` or `evaluate()` reported (relative for a value larger
             than 1). Default 1e-5.
@@ -146,7 +160,8 @@ def check(
         ValueError: `model_fn` a model or anything but a function (a model is refused,
             not cloned: pass `lambda: build_model()`), `data` not arrays, `(x,)`,
             `(x, y)` or `(x, y, sample_weight)`, or a batched dataset, an invalid
-            `dtype`, `gradient_accumulation_steps`, `steps`, `tolerance` or `strategy`,
+            `dtype`, `gradient_accumulation_steps`, `steps`, `epochs`, `tolerance` or
+            `strategy`,
             `global_batch_size` not a positive multiple of `replicas`, data holding
             fewer than `steps` updates' worth of examples, `model_fn` returning an
             uncompiled model, a Keras 2 (tf_keras) model, the same model twice, or one
@@ -169,16 +184,23 @@ def check(
     """
     check_model_fn(model_fn)
     check_options(dtype, gradient_accumulation_steps)
-    check_run(strategy, global_batch_size, steps, tolerance)
+    check_run(strategy, global_batch_size, steps, tolerance, epochs)
     strategy = strategy or mirrored(replicas=replicas)
     replicas = strategy.num_replicas_in_sync
     global_batch_size = global_batch_size or 4 * replicas
     accumulation = gradient_accumulation_steps
     trained_examples = steps * accumulation * global_batch_size
+    dataset = data if isinstance(data, tf.data.Dataset) else None
     data = feeds.materialized(data, metrics.evaluation_size(trained_examples, global_batch_size))
     check_arguments(data, replicas, global_batch_size, steps, accumulation)
     data = cast_floats(data, dtype)
-    trained = feeds.head(data, trained_examples)
+    partial = feeds.partial_final_batch(data, global_batch_size, accumulation)
+    # each epoch's last batch partial; evaluated: the whole steps' examples and more
+    trained_count = trained_examples - (global_batch_size - partial if partial else 0)
+    trained = feeds.head(data, trained_count)
+    # N replicas read a dataset as the user's fit() does: through sk.shard of the dataset
+    replica_data = trained if dataset is None else feeds.dataset_head(
+        cast_floats_of_dataset(dataset, dtype), trained_count)
 
     with global_dtype(dtype), float64_quieted(dtype):
         single = _prepared(model_fn, accumulation, dtype)
@@ -186,17 +208,19 @@ def check(
         other_dtypes = other_dtype_layers(single, dtype)
         initial_weights = single.get_weights()
         single_logs, single_first = _train(
-            single, feeds.one_device(trained, global_batch_size), first_update=accumulation)
+            single, feeds.one_device(trained, global_batch_size), accumulation, epochs)
         with strategy.scope():
             distributed = _prepared(model_fn, accumulation, dtype, first=single)
         randomness.switch_off(distributed)
         distributed.set_weights(initial_weights)
         distributed_logs, distributed_first = _train(
-            distributed, feeds.replicas(trained, strategy, global_batch_size),
-            first_update=accumulation)
+            distributed, feeds.replicas(replica_data, strategy, global_batch_size),
+            accumulation, epochs)
         final = differ.largest(differ.values(single), differ.values(distributed))
+        optimizer_steps = (_optimizer_steps(single), _optimizer_steps(distributed))
         single_metrics, distributed_metrics = {}, {}
-        if differ.agree(final, tolerance) and _evaluates(single):  # else as the weights
+        if (differ.agree(final, tolerance) and optimizer_steps[0] == optimizer_steps[1]
+                and _evaluates(single)):  # else as the weights
             # Inputs alone carry no weights to mark a padded batch's copies: whole batches
             evaluated = (metrics.evaluation_examples(data, trained_examples, global_batch_size)
                          if feeds.labeled(data) else trained)
@@ -215,6 +239,10 @@ def check(
         global_batch_size=global_batch_size,
         steps=steps,
         tolerance=tolerance,
+        epochs=epochs,
+        partial_batch=partial,
+        fed_dataset=dataset is not None,
+        optimizer_steps=optimizer_steps,
         differences={w.path: difference for w, difference in zip(single.weights, final)},
         single_device_loss=single_logs.get("loss"),
         distributed_loss=distributed_logs.get("loss"),
@@ -233,6 +261,12 @@ def check(
     )
     if report.passed:
         return report
+    if (constant is None and not report.weights_agree and report.optimizer_steps_agree
+            and not isinstance(single.optimizer, keras.optimizers.SGD)):
+        with global_dtype(dtype), float64_quieted(dtype):
+            constant = _sgd_update_factor(model_fn, strategy, feeds.head(
+                trained, global_batch_size), global_batch_size, initial_weights, dtype)
+        report = dataclasses.replace(report, update_factor=constant)
     with global_dtype(dtype), float64_quieted(dtype):  # which layer's added term differs
         inputs = feeds.unpack(metrics.evaluation_examples(data, trained_examples,
                                                           global_batch_size))[0]
@@ -241,26 +275,57 @@ def check(
     return dataclasses.replace(report, differing_terms=tuple(terms))
 
 
+def _sgd_update_factor(model_fn, strategy, batch, global_batch_size, initial_weights,
+                       dtype) -> float | None:
+    """The factor of N replicas' first update to one device's, both trained by SGD.
+
+    An adaptive optimizer (Adam, its first step the sign of the gradient) hides a
+    gradient N times one device's (keras.io's VAE on N replicas): so a failed check
+    whose first updates are not parallel trains one more step of each model with
+    `keras.optimizers.SGD` (replaced, not recompiled) from the same weights, where the
+    update is the gradient, and compares those."""
+    updates = []
+    for scope in (None, strategy):
+        with scope.scope() if scope is not None else contextlib.nullcontext():
+            model = _prepared(model_fn, 1, dtype)
+            randomness.switch_off(model)
+            model.optimizer = keras.optimizers.SGD(0.01)
+        model.set_weights(initial_weights)
+        feed = (feeds.one_device(batch, global_batch_size) if scope is None
+                else feeds.replicas(batch, strategy, global_batch_size))
+        model.fit(**feed, epochs=1, verbose=0, shuffle=False)
+        updates.append(model)
+    single, distributed = updates
+    return update_factor.factor(initial_weights, single.get_weights(),
+                                distributed.get_weights(),
+                                [weight.trainable for weight in single.weights])
+
+
+def _optimizer_steps(model: keras.Model) -> int:
+    """The steps the model's optimizer counted (its `iterations`)."""
+    return int(keras.ops.convert_to_numpy(model.optimizer.iterations))
+
+
 def _evaluates(model: keras.Model) -> bool:
     """Whether `evaluate()` computes something: a compiled loss or a `test_step` of its
     own (keras.io's VAE has neither: its `train_step` computes its loss)."""
     return model.loss is not None or type(model).test_step is not keras.Model.test_step
 
 
-def _train(model: keras.Model, feed: dict, first_update: int):
-    """One pass over the batches of `feed` (arguments of `fit()`), in order.
+def _train(model: keras.Model, feed: dict, first_update: int, epochs: int):
+    """`epochs` passes over the batches of `feed` (arguments of `fit()`), in order.
 
     Returns:
-        What `fit()` reported (its History's values, by name), and the weights after the
-        first `first_update` batches.
+        What `fit()` reported in the last epoch (its History's values, by name), and the
+        weights after the first `first_update` batches.
     """
     after_first_update = []
 
     def snapshot(batch, logs=None):
-        if batch == first_update - 1:
+        if batch == first_update - 1 and not after_first_update:
             after_first_update.extend(differ.values(model))
 
-    history = model.fit(**feed, epochs=1, verbose=0, shuffle=False, callbacks=[
+    history = model.fit(**feed, epochs=epochs, verbose=0, shuffle=False, callbacks=[
         keras.callbacks.LambdaCallback(on_train_batch_end=snapshot)])
     return metrics.floats(history.history), after_first_update
 

@@ -104,8 +104,33 @@ def one_device(data, global_batch_size: int) -> dict:
     return {"x": x, "y": y, "sample_weight": sample_weight, "batch_size": global_batch_size}
 
 
+def partial_final_batch(data, global_batch_size: int, accumulation: int) -> int:
+    """The real examples of the final training batch of each epoch of the check: half a
+    global batch for labeled data (padded on N replicas with copies weighed -0.0, as at
+    the end of most data); 0 (whole batches only) for inputs alone, which carry no
+    weights to mark a copy, or with accumulation (an update of several micro-batches).
+
+    Example:
+        >>> import numpy as np
+        >>> partial_final_batch((np.zeros(40), np.zeros(40)), 8, 1)
+        4
+        >>> partial_final_batch(np.zeros(40), 8, 1)
+        0
+    """
+    return global_batch_size // 2 if labeled(data) and accumulation == 1 else 0
+
+
+def dataset_head(dataset: tf.data.Dataset, count: int) -> tf.data.Dataset:
+    """The first `count` examples of an unbatched dataset, still a dataset: of a size
+    tf.data knows only where it knows the dataset's."""
+    return dataset.take(count)
+
+
 def replicas(data, strategy: tf.distribute.Strategy, global_batch_size: int) -> dict:
-    """Keyword arguments of `fit()`/`evaluate()` for N replicas: `sk.shard` data."""
+    """Keyword arguments of `fit()`/`evaluate()` for N replicas: `sk.shard` data (of the
+    arrays, or of an unbatched dataset as it is)."""
+    if isinstance(data, tf.data.Dataset):
+        return {"x": shard(data, strategy, global_batch_size=global_batch_size)}
     x, y, sample_weight = unpack(data)
     arrays = x if y is None else (x, y) if sample_weight is None else (x, y, sample_weight)
     return {"x": shard(arrays, strategy, global_batch_size=global_batch_size)}

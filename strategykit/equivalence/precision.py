@@ -21,6 +21,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from strategykit.data.own_functions import traced_as_written
 from strategykit.equivalence import weight_differences as differ
 
 DTYPES = ("float64", "float32", None)
@@ -63,6 +64,19 @@ def cast_floats(data, dtype: str | None):
         return array.astype(dtype) if np.issubdtype(array.dtype, np.floating) else array
 
     return tf.nest.map_structure(cast, data)
+
+
+def cast_floats_of_dataset(dataset: tf.data.Dataset, dtype: str | None) -> tf.data.Dataset:
+    """`dataset` with its floating-point tensors cast to `dtype` (as `cast_floats`)."""
+    if dtype is None:
+        return dataset
+
+    def cast(*element):
+        element = element[0] if len(element) == 1 else element
+        return tf.nest.map_structure(
+            lambda t: tf.cast(t, dtype) if t.dtype.is_floating else t, element)
+
+    return dataset.map(traced_as_written(cast))
 
 
 def cast_regularizers(model: keras.Model, dtype: str | None) -> None:

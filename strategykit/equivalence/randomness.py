@@ -16,6 +16,7 @@ Keras does (Dropout, SpatialDropout, GaussianDropout, AlphaDropout, GaussianNois
 from __future__ import annotations
 
 import functools
+import inspect
 
 import keras
 
@@ -44,6 +45,10 @@ def switch_off(model: keras.Model) -> dict:
     Call it before `model` is traced (before `fit()`): the layers' `call` is replaced on
     these layer objects only (their class, and every other model, are left alone).
 
+    Raises:
+        ValueError: a random layer whose `call` takes no `training` argument (it draws
+            in every call, keras.io's VAE `Sampling`): it cannot run as in inference.
+
     Returns:
         `random_layers(model)`: the layers switched off.
 
@@ -57,10 +62,31 @@ def switch_off(model: keras.Model) -> dict:
         True
     """
     found = list(_random(model))
+    drawing = [name for name, layer in found if not _takes_training(layer.call)]
+    if drawing:
+        raise ValueError(
+            f"sk.check cannot compare a model whose layer {drawing[0]!r} draws random "
+            "numbers in every call: N replicas draw other numbers than one device, and "
+            f"its call() takes no training argument, so it cannot run as in inference. "
+            f"Received: {len(drawing)} such layer{'s' if len(drawing) > 1 else ''} "
+            f"({', '.join(drawing[:3])}). Give its call() a training argument and draw "
+            "only when training (e.g. keras.io's Sampling: `def call(self, inputs, "
+            "training=None)` returning z_mean when not training); sk.check then runs it "
+            "as in inference on both sides."
+        )
     for _, layer in found:
         if not getattr(layer.call, "_strategykit_inference", False):
             layer.call = _in_inference(layer.call)
     return {name: type(layer).__name__ for name, layer in found}
+
+
+def _takes_training(call) -> bool:
+    """Whether a layer's `call` accepts `training` (by name, or through `**kwargs`)."""
+    try:
+        parameters = inspect.signature(call).parameters.values()
+    except (TypeError, ValueError):  # no signature to read: as Keras, pass it
+        return True
+    return any(p.name == "training" or p.kind is p.VAR_KEYWORD for p in parameters)
 
 
 def _in_inference(call):

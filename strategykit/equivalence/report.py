@@ -25,7 +25,16 @@ class CheckReport:
     Attributes:
         replicas: replicas of the distributed run.
         global_batch_size: examples per step of the distributed run, over all replicas.
-        steps: weight updates made by each run.
+        steps: weight updates made by each run in each epoch.
+        epochs: the epochs both runs trained (`sk.check` trains 2: an epoch's end and
+            the next pass over the data are compared too).
+        partial_batch: the real examples of each epoch's final training batch, 0 where
+            every batch was whole (see `coverage`).
+        optimizer_steps: `(one device's, N replicas')` steps their optimizers counted
+            (`optimizer.iterations`, which Adam's bias correction and learning-rate
+            schedules read); the check fails where they differ, whatever the weights.
+        fed_dataset: whether the N replicas read `sk.shard` of the user's
+            `tf.data.Dataset` itself (its size unknown to tf.data where it is so).
         tolerance: largest absolute weight difference accepted.
         differences: largest absolute difference per weight, by weight path.
         single_device_loss: the loss `fit()` reported on 1 device after the steps
@@ -88,6 +97,24 @@ class CheckReport:
     random_layers: dict = dataclasses.field(default_factory=dict)
     update_factor: float | None = None
     differing_terms: tuple = ()
+    epochs: int = 1
+    partial_batch: int = 0
+    fed_dataset: bool = False
+    optimizer_steps: tuple = ()
+
+    @property
+    def coverage(self) -> str:
+        """What the runs went through besides whole batches: each epoch's final batch,
+        the epoch boundary, how the N replicas read the data."""
+        final = (f"the last step of each epoch a partial batch ({self.partial_batch} of "
+                 f"{self.global_batch_size} examples, padded on {self.replicas} replicas)"
+                 if self.partial_batch else
+                 "whole batches only (inputs alone carry no weights to mark a padded "
+                 "batch's copies: shard them with drop_remainder=True)"
+                 if self.gradient_accumulation_steps == 1 else "whole batches only")
+        fed = ("the N replicas read sk.shard of your dataset as it is" if self.fed_dataset
+               else "the N replicas read sk.shard of the arrays")
+        return f"{final}; {fed}"
 
     @property
     def max_difference(self) -> float:
@@ -127,11 +154,16 @@ class CheckReport:
         return metrics.first_differing(self.single_device_logs, logs, self.tolerance)
 
     @property
+    def optimizer_steps_agree(self) -> bool:
+        """Whether both optimizers counted the same steps."""
+        return len(set(self.optimizer_steps)) <= 1
+
+    @property
     def passed(self) -> bool:
-        """Whether every weight, every value `fit()` reported and every metric
-        `evaluate()` returned agree within `tolerance`."""
-        return (self.weights_agree and self.first_differing_log is None
-                and self.first_differing_metric is None)
+        """Whether every weight, the optimizers' step counts, every value `fit()`
+        reported and every metric `evaluate()` returned agree within `tolerance`."""
+        return (self.weights_agree and self.optimizer_steps_agree
+                and self.first_differing_log is None and self.first_differing_metric is None)
 
     def __bool__(self) -> bool:
         return self.passed
@@ -145,10 +177,14 @@ class CheckReport:
             f"examples{accumulated} against 1 device x {self.global_batch_size}"
             f"{' examples' + accumulated if k > 1 else ''}, {self.steps} "
             f"step{'s' if self.steps != 1 else ''}"
+            + (f" x {self.epochs} epochs" if self.epochs > 1 else "")
             + (f", in {self.dtype}" if self.dtype else ""),
+            f"  covered: {self.coverage}",
             f"  largest weight difference {self.max_difference:.3g} "
             f"(tolerance {self.tolerance:g}) in {self.worst_weight}",
         ]
+        if not self.optimizer_steps_agree:
+            lines.append(self._optimizer_steps_line())
         if self.first_differing_layer is not None:
             lines.append(f"  differences start at layer {self.first_differing_layer}: "
                          f"{_STAGES[self.first_difference_stage]}")
@@ -165,7 +201,7 @@ class CheckReport:
                   for term in self.differing_terms]
         if not self.weights_agree and self.update_factor is not None:
             lines.append(update_factor.text(self.update_factor, self.replicas))
-        elif not self.weights_agree and not self.differing_terms:
+        elif not self.weights_agree and not self.differing_terms and self.optimizer_steps_agree:
             lines.append(
                 "  Look for loss scaled by the per-replica batch, unsynchronized "
                 "BatchNormalization (sk.convert_sync_batchnorm), or randomness outside "
@@ -173,6 +209,17 @@ class CheckReport:
                 "keras.random.SeedGenerator)."
             )
         return "\n".join(lines)
+
+    def _optimizer_steps_line(self) -> str:
+        single, distributed = self.optimizer_steps
+        return (
+            f"  the optimizers counted other steps: 1 device {single}, {self.replicas} "
+            f"replicas {distributed} (optimizer.iterations, which Adam's bias correction "
+            "and learning-rate schedules read): a step ran past the end of the data? "
+            "Keras runs one more step at the end of every epoch of a tf.data dataset of "
+            "unknown size, and its ops that do not wait for the data count it; sk.shard "
+            "reads each batch before its step. Shard the data with sk.shard, or state its "
+            "size with dataset.apply(tf.data.experimental.assert_cardinality(n)).")
 
     def _log_line(self) -> str:
         name = self.first_differing_log

@@ -15,6 +15,9 @@ step, iterator)`:
   and read without `steps_per_epoch`): each epoch is the `source`'s `open_epoch()`, the
   iterator of one long-lived pipeline at the start of the epoch's pass with the pass's
   steps, read for exactly those steps and closed with `close_epoch(token, completed)`.
+  Data of a size tf.data does not know has no steps (None): its epoch reads each batch
+  before the step that takes it and ends where there is none, so no step runs past the
+  end (Keras's would, and advance the optimizer: `steps_per_execution.Fetched`).
   The model is built from `source.example_batch()` (`multi_worker`'s
   `_maybe_symbolic_build` asks `example_batch_of`), so building reads no example.
 * **Other data under several replicas of one worker, of a known number of steps,
@@ -132,7 +135,10 @@ def _epoch_of_source(self, source):
     iterator, steps, token = source.open_epoch()
     completed = False
     try:
-        yield from _executions(self, iterator, steps)
+        if steps is None:
+            yield from _executions_until_end(self, iterator)
+        else:
+            yield from _executions(self, iterator, steps)
         completed = True
     finally:
         source.close_epoch(token, completed)
@@ -155,6 +161,31 @@ def _executions(self, iterator, steps: int):
         self._steps_seen = first + count
         execution = steps_per_execution.execution(iterator, count, per_execution)
         yield (first, first + count - 1, execution) if with_last else (first, execution)
+
+
+def _executions_until_end(self, iterator):
+    """The executions of an epoch of unknown length: each reads its batches before its
+    step runs (`steps_per_execution.Fetched`), and the epoch ends where the iterator has
+    no next batch, without a step past the end."""
+    per_execution = self.steps_per_execution
+    with_last = by_fingerprint(_KERAS_ENUMERATE, _KERAS_YIELDS_LAST_STEP)
+    first = 0
+    while True:
+        batches = []
+        while len(batches) < per_execution:
+            optional = iterator.get_next_as_optional()
+            if not optional.has_value():
+                break
+            batches.append(optional.get_value())
+        if not batches:
+            return
+        self._steps_seen = first + len(batches)
+        execution = steps_per_execution.Fetched(batches)
+        last = first + len(batches) - 1
+        yield (first, last, execution) if with_last else (first, execution)
+        if len(batches) < per_execution:
+            return
+        first = last + 1
 
 
 _KERAS_ENUMERATE = "keras.src.trainers.epoch_iterator:EpochIterator._enumerate_iterator"

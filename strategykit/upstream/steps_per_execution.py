@@ -80,6 +80,34 @@ class Steps:
         return self.iterator, left
 
 
+class Fetched:
+    """Batches already read from an iterator: one execution of data of unknown size.
+
+    An epoch of `sk.shard` data whose size tf.data does not know ends when its iterator
+    has no next batch. Keras finds that out by calling its step function once more, and
+    that call, failing at `get_next`, still runs every op of the step that does not wait
+    for the data: the optimizer's `iterations` goes up by one (Adam's bias correction and
+    every learning-rate schedule then run a step ahead on N replicas, at random on some
+    epochs), as do the states of `SeedGenerator`s. So the epoch reads each batch before
+    the step (`get_next_as_optional`, `strategykit.upstream.epoch_input`) and runs the
+    step on the batches it got: no step runs past the end.
+
+    Example:
+        >>> Fetched([1, 2]).batches
+        [1, 2]
+    """
+
+    def __init__(self, batches: list):
+        self.batches = list(batches)
+        self._unread = iter(self.batches)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):  # Keras's build reads a batch of what its epoch yields
+        return next(self._unread)
+
+
 def execution(iterator, count: int, steps_per_execution: int):
     """What the step function gets for an execution of `count` steps of `iterator`."""
     return iterator if steps_per_execution == 1 else Steps(iterator, count)
@@ -111,10 +139,16 @@ def _make_function(self, step_function):
         step_function = xla_steps.compiling_each_replica(step_function)
     with xla_steps.building_without_whole_step_xla(self):
         keras_function = original(resolve(_TRAINER), "_make_function")(self, step_function)
-    run_steps = None
+    run_steps = run_one_step = None
 
     def function(iterator):
-        nonlocal run_steps
+        nonlocal run_steps, run_one_step
+        if isinstance(iterator, Fetched):
+            if run_one_step is None:
+                run_one_step = _one_step_function(self, step_function)
+            for data in iterator.batches:
+                outputs = run_one_step(data)
+            return outputs
         if not isinstance(iterator, Steps):
             return keras_function(iterator)
         if run_steps is None:
@@ -125,8 +159,8 @@ def _make_function(self, step_function):
     return function
 
 
-def _steps_function(model, step_function):
-    """A function `(iterator, count)` running `count` steps; returns the last logs."""
+def _one_step(model, step_function):
+    """A function of a step's batch: Keras's `strategy.run(step)` and its reduction."""
 
     def one_step(data):
         strategy = model.distribute_strategy
@@ -134,6 +168,24 @@ def _steps_function(model, step_function):
         # Looked up at each call: strategykit.upstream.multi_worker replaces it.
         return resolve(_TRAINER_MODULE).reduce_per_replica(outputs, strategy, "auto")
 
+    return one_step
+
+
+def _whole_step_xla(model) -> bool:
+    return model.jit_compile and not xla_steps.compiles_each_replica(model)
+
+
+def _one_step_function(model, step_function):
+    """A function of one batch (a `Fetched` one) running the step; returns its logs."""
+    one_step = _one_step(model, step_function)
+    if model.run_eagerly:
+        return one_step
+    return tf.function(one_step, reduce_retracing=True, jit_compile=_whole_step_xla(model))
+
+
+def _steps_function(model, step_function):
+    """A function `(iterator, count)` running `count` steps; returns the last logs."""
+    one_step = _one_step(model, step_function)
     if model.run_eagerly:
         def run_steps(iterator, count):
             for _ in range(int(count)):
@@ -142,8 +194,7 @@ def _steps_function(model, step_function):
 
         return run_steps
 
-    whole_step_xla = model.jit_compile and not xla_steps.compiles_each_replica(model)
-    one_step = tf.function(one_step, reduce_retracing=True, jit_compile=whole_step_xla)
+    one_step = tf.function(one_step, reduce_retracing=True, jit_compile=_whole_step_xla(model))
 
     def run_steps(iterator, count):
         with _own_loop():

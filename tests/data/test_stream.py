@@ -7,7 +7,7 @@ import pytest
 
 import strategykit as sk
 from strategykit.data import position
-from strategykit.data.stream import stream_of
+from strategykit.data.stream import PassEachEpoch, stream_of
 
 IDS = np.arange(10)  # 2 replicas, global batch 4: steps of 4, 4 and 2 (padded) examples
 
@@ -89,13 +89,14 @@ def test_an_epoch_opened_since_is_not_closed_by_a_stale_token(make_strategy):
     assert stream.iterators_made == 2
 
 
-def test_data_of_unknown_size_and_several_workers_have_no_stream(make_strategy):
+def test_data_of_unknown_size_is_read_to_its_end_each_epoch(make_strategy):
     import tensorflow as tf
 
     strategy = make_strategy(2)
     unknown = tf.data.Dataset.range(10).filter(lambda i: i < 8)
-    assert stream_of(sk.shard(unknown, strategy, global_batch_size=4)) is None
-    assert stream_of(sk.shard((IDS, IDS), strategy, global_batch_size=4)) is not None
+    stream = stream_of(sk.shard(unknown, strategy, global_batch_size=4))
+    assert isinstance(stream, PassEachEpoch) and stream.steps is None
+    assert stream_of(sk.shard((IDS, IDS), strategy, global_batch_size=4)).steps == 3
 
 
 def test_a_custom_loop_reads_every_epoch_from_one_iterator(make_strategy):

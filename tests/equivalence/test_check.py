@@ -171,7 +171,7 @@ def test_the_44_batch_norm_resnet50_net_passes_with_sync_bn_and_fails_without():
     # One step shows it (local BN 0.21 apart, synchronized 1e-14), a third of the CPU time.
     built = []
     synced = sk.check(deeplab_fn(synchronized=True, built=built), data, strategy=strategy,
-                      global_batch_size=4, steps=1)
+                      global_batch_size=4, steps=1, epochs=1)
     assert len(built) == 2  # the one device's model and the replicas'
     for model in built:
         assert sum(isinstance(layer, sk.SyncBatchNormalization) for layer in model.layers) == 44
@@ -180,7 +180,7 @@ def test_the_44_batch_norm_resnet50_net_passes_with_sync_bn_and_fails_without():
     assert synced.first_differing_layer is None
 
     local = sk.check(deeplab_fn(synchronized=False), data, strategy=strategy,
-                     global_batch_size=4, steps=1)
+                     global_batch_size=4, steps=1, epochs=1)
     assert not local.passed and local.max_difference > 1e-2
     assert local.first_differing_layer == "conv1_bn"
     assert local.first_difference_stage == "forward"
@@ -326,7 +326,8 @@ def test_accumulation_on_replicas_equals_one_device_on_the_accumulated_batch(opt
     assert report.gradient_accumulation_steps == 3
     assert str(report).startswith("PASSED: 2 replicas x 4 examples x 3 accumulation steps "
                                   "against 1 device x 8 examples x 3 accumulation steps, "
-                                  "2 steps, in float64")
+                                  "2 steps x 2 epochs, in float64\n  covered: whole "
+                                  "batches only;")
 
 
 def test_the_accumulating_reference_equals_one_device_on_the_accumulated_batch():
@@ -414,14 +415,16 @@ def regularized_model(**regularizers):
 
 
 def one_device_fit_loss(model_fn, data, global_batch_size, steps):
-    """The loss plain Keras reports on one device in float64, the data passed to fit()
-    (float64 weights: Keras draws other initial weights in float32)."""
+    """The loss plain Keras reports on one device in float64 in the second epoch, the data
+    passed to fit() as sk.check trains (each epoch's last batch half a global batch;
+    float64 weights: Keras draws other initial weights in float32)."""
     keras.config.set_floatx("float64")
     keras.config.set_dtype_policy("float64")
     try:
-        x, y, weight = (array[:steps * global_batch_size].astype("float64") for array in data)
+        examples = steps * global_batch_size - global_batch_size // 2
+        x, y, weight = (array[:examples].astype("float64") for array in data)
         history = model_fn().fit(x, y, sample_weight=weight, batch_size=global_batch_size,
-                                 shuffle=False, verbose=0)
+                                 epochs=2, shuffle=False, verbose=0)
     finally:
         keras.config.set_floatx("float32")
         keras.config.set_dtype_policy("float32")
