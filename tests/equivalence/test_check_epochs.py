@@ -68,7 +68,8 @@ def test_the_forecaster_on_4_replicas_trains_as_one_device_over_epochs(float64):
     history = model.fit(sk.shard(data, strategy, global_batch_size=16), epochs=3, verbose=0)
 
     assert int(model.optimizer.iterations.numpy()) == int(one.optimizer.iterations.numpy())
-    assert int(one.optimizer.iterations.numpy()) == 3 * 24  # 380 windows: 23 steps of 16 and one of 12
+    # 380 windows an epoch: 23 steps of 16 and one of 12
+    assert int(one.optimizer.iterations.numpy()) == 3 * 24
     for found, expected in zip(model.get_weights(), one.get_weights()):
         np.testing.assert_allclose(found, expected, rtol=0, atol=1e-12)
     assert np.isfinite(history.history["loss"]).all()
