@@ -2,8 +2,8 @@
 
 Where the model's variables belong to the current strategy (the model was built inside
 `strategy.scope()`, as Keras's guides do, or no strategy is in use) the model is
-converted in place: each `keras.layers.BatchNormalization` object, nested models
-included, becomes an `sk.SyncBatchNormalization` (its class is switched; its weights,
+converted in place: each `keras.layers.BatchNormalization` object, in nested models,
+custom layers and wrappers too (`strategykit.batchnorm.nested_layers`), becomes an `sk.SyncBatchNormalization` (its class is switched; its weights,
 name and trainable flag are its own). Every reference the user holds stays valid, so
 the transfer-learning idiom (`base_model.trainable = True` after training the head)
 works on the converted model. Otherwise (a model built outside the scope it is
@@ -21,11 +21,12 @@ import keras
 import tensorflow as tf
 
 from strategykit.batchnorm.layer import SyncBatchNormalization
+from strategykit.batchnorm.nested_layers import every_layer
 from strategykit.pinning.legacy_keras import check_not_keras_2
 
 _SUBCLASSED_HINT = (
-    "Cloning needs the layer graph of a Sequential or Functional model. In a subclassed "
-    "model, build the layers with sk.SyncBatchNormalization(...) instead of "
+    "Build the model inside strategy.scope() to convert it in place (any model), or, in a "
+    "subclassed model, build the layers with sk.SyncBatchNormalization(...) instead of "
     "keras.layers.BatchNormalization(...) (same arguments), or build the model with the "
     "Functional API."
 )
@@ -34,9 +35,11 @@ _SUBCLASSED_HINT = (
 def convert_sync_batchnorm(model: keras.Model, *, synchronized: bool = True) -> keras.Model:
     """Synchronizes every batch norm layer of `model` (or un-synchronizes them).
 
-    With `synchronized=True` (the default) every `keras.layers.BatchNormalization`,
-    also inside nested Sequential and Functional models, becomes an
-    `sk.SyncBatchNormalization` with the same arguments. With `synchronized=False`
+    With `synchronized=True` (the default) every `keras.layers.BatchNormalization`
+    becomes an `sk.SyncBatchNormalization` with the same arguments: also inside nested
+    Sequential and Functional models, inside custom layers that hold their own (a
+    residual block's `self.norm`, in lists and dicts too) and inside wrappers
+    (`TimeDistributed(BatchNormalization())`), wherever `model.layers` does not list it. With `synchronized=False`
     every `sk.SyncBatchNormalization` becomes a plain `keras.layers.BatchNormalization`,
     e.g. to export a model trained with synchronized batch norm.
 
@@ -48,15 +51,17 @@ def convert_sync_batchnorm(model: keras.Model, *, synchronized: bool = True) -> 
     learning guide, `base_model.trainable = True`, unfreezes the converted model. Convert
     before training: the model's traced train, test and predict functions are dropped.
 
-    Otherwise (the model was built outside the strategy scope it is converted in) a
-    converted copy is returned whose variables belong to the current strategy: every
+    A subclassed model is converted in place too (its layers are found in its
+    attributes). Otherwise (the model was built outside the strategy scope it is
+    converted in) a converted copy is returned whose variables belong to the current strategy: every
     weight and moving statistic copied exactly, layer and model names and trainable
     flags kept, compiled like the original; the original is not changed. Its nested
     models are new objects, so a `UserWarning` names them: set their trainable flag
     through the copy, `converted.get_layer(name)`.
 
     Args:
-        model: a Sequential or Functional Keras model, e.g. from `keras.applications`.
+        model: a Keras model, e.g. from `keras.applications`; one built outside the
+            current strategy's scope must be Sequential or Functional (it is copied).
         synchronized: True (default) to synchronize, False to go back to plain
             `BatchNormalization`.
 
@@ -67,8 +72,8 @@ def convert_sync_batchnorm(model: keras.Model, *, synchronized: bool = True) -> 
     Raises:
         ValueError: `model` is not a Keras 3 model (a Keras 2 model from tf_keras, or
             `tf.keras` under `TF_USE_LEGACY_KERAS=1`, included), is (or contains) a
-            subclassed model
-            whose layers cannot be converted, or uses batch renormalization
+            subclassed model with batch norm layers that must be copied (built outside
+            the current strategy's scope), or uses batch renormalization
             (`renorm=True`).
 
     Example:
@@ -100,18 +105,27 @@ def convert_sync_batchnorm(model: keras.Model, *, synchronized: bool = True) -> 
             f"synchronized must be True or False. Received: synchronized={synchronized!r}. "
             "Pass True (default) to synchronize, False to go back to BatchNormalization."
         )
+    if _belongs_to_current_strategy(model):
+        _switch_every_norm(model, synchronized)
+        _drop_traced_functions(model)
+        return model
     if not _is_graph_model(model):
         raise ValueError(
             f"convert_sync_batchnorm cannot convert the subclassed model "
-            f"{model.name!r} ({type(model).__name__}). {_SUBCLASSED_HINT}"
+            f"{model.name!r} ({type(model).__name__}): its variables were created outside "
+            f"the current strategy's scope ({type(tf.distribute.get_strategy()).__name__}), "
+            f"so it must be copied into it, and a copy needs a layer graph. "
+            f"{_SUBCLASSED_HINT}"
         )
-    norms = [layer for layer in _graph_layers(model) if _converts(layer, synchronized)]
-    if _belongs_to_current_strategy(model):
-        for layer in norms:
-            _switch_class(layer, synchronized)
-        _drop_traced_functions(model)
-        return model
     return _converted_copy(model, synchronized)
+
+
+def _switch_every_norm(model, synchronized: bool) -> None:
+    """Switches, in place, every batch norm layer anywhere in `model`: nested models,
+    custom layers, wrappers (`TimeDistributed`), subclassed models."""
+    norms = [layer for _, layer in every_layer(model) if _converts(layer, synchronized)]
+    for layer in norms:
+        _switch_class(layer, synchronized)
 
 
 def _converts(layer, synchronized: bool) -> bool:
@@ -150,6 +164,7 @@ def _drop_traced_functions(model) -> None:
 
 def _converted_copy(model, synchronized: bool):
     """A converted clone of `model` in the current strategy's scope, weights copied."""
+    _check_copyable(model)
 
     def clone_layer(layer):
         if _converts(layer, synchronized):
@@ -164,6 +179,7 @@ def _converted_copy(model, synchronized: bool):
     if model.compiled and not converted.compiled:  # Keras 3.8 compiles no Sequential clone
         converted.compile_from_config(model.get_compile_config())
     _copy_state(model, converted)
+    _switch_every_norm(converted, synchronized)  # those inside custom layers and wrappers
     nested = [layer.name for layer in model.layers if isinstance(layer, keras.Model)]
     if nested:
         warnings.warn(
@@ -201,27 +217,22 @@ def _is_plain_batch_norm(layer) -> bool:
     return type(layer) is keras.layers.BatchNormalization
 
 
-def _graph_layers(model):
-    """Every layer of a graph model, nested graph models included; raises for a nested
-    subclassed model that holds batch norm layers."""
+def _check_copyable(model) -> None:
+    """Raises for a nested subclassed model holding batch norm layers: it has no layer
+    graph to clone (a model converted in place needs none)."""
     for layer in model.layers:
-        yield layer
         if isinstance(layer, keras.Model):
             if _is_graph_model(layer):
-                yield from _graph_layers(layer)
-            else:
-                _check_no_batch_norm(layer)
-
-
-def _check_no_batch_norm(model: keras.Model) -> None:
-    """Raises when a subclassed model nested in the model holds batch norm layers."""
-    found = [layer.name for layer in model.layers
-             if isinstance(layer, keras.layers.BatchNormalization)]
-    if found:
-        raise ValueError(
-            f"The nested subclassed model {model.name!r} ({type(model).__name__}) holds "
-            f"batch norm layers {found} that cannot be converted. {_SUBCLASSED_HINT}"
-        )
+                _check_copyable(layer)
+                continue
+            found = [name for name, inner in every_layer(layer)
+                     if isinstance(inner, keras.layers.BatchNormalization)]
+            if found:
+                raise ValueError(
+                    f"The nested subclassed model {layer.name!r} ({type(layer).__name__}) "
+                    f"holds batch norm layers {found} that cannot be converted in a copy. "
+                    f"{_SUBCLASSED_HINT}"
+                )
 
 
 def _copy_state(source: keras.Model, target: keras.Model) -> None:
@@ -234,13 +245,20 @@ def _copy_state(source: keras.Model, target: keras.Model) -> None:
             f"{len(source.weights)}; please report this with the model's summary()."
         )
     for old, new in zip(source.weights, target.weights):
-        if old.path != new.path or tuple(old.shape) != tuple(new.shape):
+        # A wrapped layer's weights may be built under another scope in the clone
+        # (`frames/frame_norm/gamma` there, `frame_norm/gamma` here): layer and weight agree
+        if _own_path(old) != _own_path(new) or tuple(old.shape) != tuple(new.shape):
             raise RuntimeError(
                 f"Weight {old.path} {tuple(old.shape)} of the original model lines up "
                 f"with {new.path} {tuple(new.shape)} of the converted one; please report "
                 "this with the model's summary()."
             )
         new.assign(old)
+
+
+def _own_path(weight) -> list:
+    """The last two parts of a weight's path: its layer and its own name."""
+    return weight.path.split("/")[-2:]
 
 
 def _layer_pairs(source, target):

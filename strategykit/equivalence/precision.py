@@ -21,8 +21,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from strategykit.batchnorm.nested_layers import every_layer, flat_layers
 from strategykit.data.own_functions import traced_as_written
-from strategykit.equivalence import weight_differences as differ
 
 DTYPES = ("float64", "float32", None)
 """The valid values of `check(dtype=...)`."""
@@ -101,7 +101,7 @@ def cast_regularizers(model: keras.Model, dtype: str | None) -> None:
         return
     found = [weight.regularizer for weight in model.weights]
     found += [getattr(layer, "activity_regularizer", None)
-              for _, layer in differ.every_layer(model)]
+              for _, layer in every_layer(model)]
     for regularizer in {id(r): r for r in found if r is not None}.values():
         for name, value in vars(regularizer).items():
             if tf.is_tensor(value) and value.dtype.is_floating and value.dtype != dtype:
@@ -121,14 +121,14 @@ def other_dtype_layers(model: keras.Model, dtype: str | None) -> dict:
     if dtype is None:
         return {}
     found = {
-        name: layer.dtype_policy.name for name, layer in differ.flat_layers(model)
+        name: layer.dtype_policy.name for name, layer in flat_layers(model)
         if not isinstance(layer, keras.layers.InputLayer)
         and any(keras.backend.is_float_dtype(d) and d != dtype
                 for d in (layer.compute_dtype, layer.variable_dtype))
     }
     weight_dtypes = {w.dtype for w in model.weights if keras.backend.is_float_dtype(w.dtype)}
     if len(weight_dtypes) > 1:
-        pinned = [name for name, layer in differ.flat_layers(model)
+        pinned = [name for name, layer in flat_layers(model)
                   if any(w.dtype != dtype for w in layer.weights)]
         raise ValueError(
             f"sk.check builds the model in {dtype}, but layers {pinned[:3]}"

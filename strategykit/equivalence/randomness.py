@@ -20,7 +20,7 @@ import inspect
 
 import keras
 
-from strategykit.equivalence.weight_differences import every_layer
+from strategykit.batchnorm.nested_layers import every_layer
 
 
 def random_layers(model: keras.Model) -> dict:

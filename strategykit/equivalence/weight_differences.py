@@ -20,44 +20,14 @@ from __future__ import annotations
 import keras
 import numpy as np
 
+from strategykit.batchnorm.nested_layers import flat_layers
+
 FORWARD = "forward"
 """The forward pass differs first: non-trainable state differs after one update."""
 GRADIENTS = "gradients"
 """The forward state agrees after one update; the trainable weights do not."""
 LATER = "later"
 """Nothing differs after one update; the first layer that differs at the end."""
-
-
-def flat_layers(model: keras.Model, prefix: str = ""):
-    """`(name, layer)` in forward order, nested models' layers in place as `outer/inner`.
-
-    The order is `model.layers`: graph order for Sequential and Functional models,
-    creation order for subclassed ones.
-    """
-    for layer in model.layers:
-        if isinstance(layer, keras.Model):
-            yield from flat_layers(layer, f"{prefix}{layer.name}/")
-        else:
-            yield f"{prefix}{layer.name}", layer
-
-
-def every_layer(model: keras.Model):
-    """`(name, layer)` of `flat_layers(model)` and of every layer inside them (a custom
-    layer's sublayers, held alone or in lists), as `outer/inner`, each layer once."""
-    seen = {id(model)}
-    for name, layer in flat_layers(model):
-        yield from _within(name, layer, seen)
-
-
-def _within(name: str, layer: keras.layers.Layer, seen: set):
-    if id(layer) in seen:
-        return
-    seen.add(id(layer))
-    yield name, layer
-    for value in vars(layer).values():
-        for inner in value if isinstance(value, (list, tuple)) else [value]:
-            if isinstance(inner, keras.layers.Layer):
-                yield from _within(f"{name}/{inner.name}", inner, seen)
 
 
 def agree(differences, tolerance: float) -> bool:

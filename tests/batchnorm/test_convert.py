@@ -170,21 +170,100 @@ class Subclassed(keras.Model):
         return self.norm(self.dense(x))
 
 
-def test_subclassed_model_gets_a_clear_error():
+def test_a_subclassed_model_is_converted_in_place():
     model = Subclassed(name="mine")
     model(np.ones((2, 4), "float32"))
-    with pytest.raises(ValueError, match=r"subclassed model 'mine' \(Subclassed\).*"
-                                         r"sk.SyncBatchNormalization\(...\)"):
-        sk.convert_sync_batchnorm(model)
+    assert sk.convert_sync_batchnorm(model) is model
+    assert type(model.norm) is sk.SyncBatchNormalization
 
 
-def test_subclassed_model_nested_in_a_functional_one_gets_a_clear_error():
+def test_a_subclassed_model_built_outside_the_scope_gets_a_clear_error(make_strategy):
+    model = Subclassed(name="mine")
+    model(np.ones((2, 4), "float32"))
+    with make_strategy(2).scope():
+        with pytest.raises(ValueError, match=r"subclassed model 'mine' \(Subclassed\): its "
+                                             r"variables were created outside the current "
+                                             r"strategy's scope \(MirroredStrategy\).*inside "
+                                             r"strategy.scope\(\) to convert it in place"):
+            sk.convert_sync_batchnorm(model)
+    assert type(model.norm) is keras.layers.BatchNormalization  # left as it was
+
+
+def test_a_subclassed_model_nested_in_a_functional_one(make_strategy):
     inner = Subclassed(name="block")
     inputs = keras.Input((4,))
     model = keras.Model(inputs, inner(inputs))
-    with pytest.raises(ValueError, match=r"nested subclassed model 'block'.*batch norm layers "
-                                         r"\['batch_normalization.*'\].*Functional API"):
-        sk.convert_sync_batchnorm(model)
+    with make_strategy(2).scope():
+        with pytest.raises(ValueError, match=r"nested subclassed model 'block'.*batch norm "
+                                             r"layers \['batch_normalization.*'\] that cannot "
+                                             r"be converted in a copy.*Functional API"):
+            sk.convert_sync_batchnorm(model)
+    sk.convert_sync_batchnorm(model)  # in place, where its variables belong
+    assert type(inner.norm) is sk.SyncBatchNormalization
+
+
+class Block(keras.layers.Layer):
+    """A custom layer holding its own batch norm, as keras.io's residual blocks do."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.dense = keras.layers.Dense(3, name="dense")
+        self.norm = keras.layers.BatchNormalization(momentum=0.0, name="norm")
+
+    def call(self, x, training=None):
+        return self.norm(self.dense(x), training=training)
+
+
+def hidden_norms_model():
+    """Batch norms where model.layers does not list them: in a custom layer, and wrapped
+    in TimeDistributed."""
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((2, 4))
+    frames = keras.layers.TimeDistributed(
+        keras.layers.BatchNormalization(momentum=0.0, name="frame_norm"), name="frames")
+    x = Block(name="block")(frames(inputs))
+    model = keras.Model(inputs, keras.layers.Dense(1)(keras.layers.Flatten()(x)))
+    model.compile(keras.optimizers.SGD(0.1), "mse")
+    return model
+
+
+def hidden_norms(model):
+    return [model.get_layer("frames").layer, model.get_layer("block").norm]
+
+
+@pytest.mark.parametrize("where", ["in place", "copy"])
+def test_batch_norms_in_custom_layers_and_wrappers_are_converted(where, make_strategy):
+    strategy = make_strategy(2)
+    original = hidden_norms_model()
+    initial = original.get_weights()
+    with strategy.scope():
+        model = sk.convert_sync_batchnorm(
+            hidden_norms_model() if where == "in place" else original)
+    model.set_weights(initial)
+    assert all(type(norm) is sk.SyncBatchNormalization for norm in hidden_norms(model))
+    if where == "copy":
+        assert model is not original
+        assert all(type(norm) is keras.layers.BatchNormalization
+                   for norm in hidden_norms(original))
+
+    # Replica 0's examples are near 0.1, replica 1's near 5: each replica's own moments
+    # would have a variance near 0, the global batch's is about 6.
+    x = np.concatenate([np.full((2, 2, 4), 0.1), np.full((2, 2, 4), 5.0)]).astype("float32")
+    x += np.linspace(0.0, 0.2, 16, dtype="float32").reshape(4, 2, 2)[..., :1]
+    y = np.zeros((4, 1), "float32")
+    model.fit(sk.shard((x, y), strategy, global_batch_size=4), epochs=1, verbose=0)
+    one = hidden_norms_model()
+    one.set_weights(initial)
+    one.fit(x, y, batch_size=4, epochs=1, verbose=0, shuffle=False)
+    frame_norm = hidden_norms(model)[0]
+    np.testing.assert_allclose(frame_norm.moving_variance.numpy(),
+                               x.reshape(-1, 4).var(axis=0), rtol=1e-3)
+    assert frame_norm.moving_variance.numpy().min() > 5.0
+    for found, expected in zip(hidden_norms(model), hidden_norms(one)):
+        np.testing.assert_allclose(found.moving_variance.numpy(),
+                                   expected.moving_variance.numpy(), rtol=1e-4)
+        np.testing.assert_allclose(found.moving_mean.numpy(),
+                                   expected.moving_mean.numpy(), rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.skipif(
