@@ -3,8 +3,9 @@
 Where the model's variables belong to the current strategy (the model was built inside
 `strategy.scope()`, as Keras's guides do, or no strategy is in use) the model is
 converted in place: each `keras.layers.BatchNormalization` object, in nested models,
-custom layers and wrappers too (`strategykit.batchnorm.nested_layers`), becomes an `sk.SyncBatchNormalization` (its class is switched; its weights,
-name and trainable flag are its own). Every reference the user holds stays valid, so
+custom layers and wrappers too (`strategykit.batchnorm.nested_layers`), becomes an
+`sk.SyncBatchNormalization` (its class is switched; its weights, name and trainable
+flag are its own). Every reference the user holds stays valid, so
 the transfer-learning idiom (`base_model.trainable = True` after training the head)
 works on the converted model. Otherwise (a model built outside the scope it is
 converted in) it is cloned into the scope with `keras.models.clone_model(recursive=True)`,
@@ -39,9 +40,10 @@ def convert_sync_batchnorm(model: keras.Model, *, synchronized: bool = True) -> 
     becomes an `sk.SyncBatchNormalization` with the same arguments: also inside nested
     Sequential and Functional models, inside custom layers that hold their own (a
     residual block's `self.norm`, in lists and dicts too) and inside wrappers
-    (`TimeDistributed(BatchNormalization())`), wherever `model.layers` does not list it. With `synchronized=False`
-    every `sk.SyncBatchNormalization` becomes a plain `keras.layers.BatchNormalization`,
-    e.g. to export a model trained with synchronized batch norm.
+    (`TimeDistributed(BatchNormalization())`), wherever `model.layers` does not list it.
+    With `synchronized=False` every `sk.SyncBatchNormalization` becomes a plain
+    `keras.layers.BatchNormalization`, e.g. to export a model trained with synchronized
+    batch norm.
 
     Where every variable of `model` belongs to the current strategy (build the model
     inside `strategy.scope()`, or use no strategy) the model is converted **in place**
