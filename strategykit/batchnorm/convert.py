@@ -21,7 +21,7 @@ import warnings
 import keras
 import tensorflow as tf
 
-from strategykit.batchnorm.layer import SyncBatchNormalization
+from strategykit.batchnorm.layer import SyncBatchNormalization, track_saved_layer
 from strategykit.batchnorm.nested_layers import every_layer
 from strategykit.pinning.legacy_keras import check_not_keras_2
 
@@ -149,6 +149,8 @@ def _switch_class(layer, synchronized: bool) -> None:
     subclass adds none)."""
     layer.synchronized = False  # SyncBatchNormalization synchronizes in its own call
     layer.__class__ = SyncBatchNormalization if synchronized else keras.layers.BatchNormalization
+    if synchronized:
+        track_saved_layer(layer)
 
 
 def _belongs_to_current_strategy(model) -> bool:

@@ -13,7 +13,9 @@ import keras
 import tensorflow as tf
 from keras import ops
 
+from strategykit import upstream
 from strategykit.batches.moments import cross_replica_moments, over_real_examples
+from strategykit.upstream import saved_layers
 
 
 @keras.saving.register_keras_serializable(package="strategykit")
@@ -41,6 +43,10 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
     dominates. It pays off when each replica sees few examples (say under 16:
     segmentation, detection, large images); with large per-replica batches local
     moments are nearly as good and plain `BatchNormalization` is cheaper.
+
+    Saved to a `.keras` file (`model.save`, `ModelCheckpoint`) it is written as Keras's
+    own `BatchNormalization(synchronized=True)`, so that plain Keras loads the file where
+    strategykit is not installed (`strategykit.upstream.saved_layers`).
 
     Args:
         synchronized: accepted for compatibility with `BatchNormalization` configs;
@@ -79,6 +85,7 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
         # The parent's own synchronization stays off: this class does it in `call`, and
         # where it delegates to the parent (one replica, inference) none is needed.
         super().__init__(*args, synchronized=False, **kwargs)
+        track_saved_layer(self)
 
     def call(self, inputs, training=None, mask=None):
         context = tf.distribute.get_replica_context()
@@ -129,3 +136,13 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
         config.pop("renorm_clipping", None)
         config.pop("renorm_momentum", None)
         return config
+
+
+def track_saved_layer(layer: SyncBatchNormalization) -> None:
+    """Makes `.keras` files save `layer` as Keras's `BatchNormalization(synchronized=True)`,
+    which plain Keras loads (`strategykit.upstream.saved_layers`)."""
+    upstream.install()
+    saved_layers.track(layer)
+
+
+saved_layers.save_as(SyncBatchNormalization, keras.layers.BatchNormalization, synchronized=True)

@@ -80,6 +80,7 @@ from strategykit.upstream import (
     optimizer_build,
     replica_losses,
     reported_losses,
+    saved_layers,
     sparse_gradients,
     step_count,
     steps_per_execution,
@@ -96,7 +97,7 @@ FIXES = (*metric_variables.FIXES, *distributed_datasets.FIXES, *log_values.FIXES
          *reported_losses.FIXES, *optimizer_build.FIXES, *traceback_frames.FIXES,
          *class_weights.FIXES, *every_fit.FIXES, *sparse_gradients.FIXES,
          *gradient_clipping.FIXES, *exact_predictions.FIXES, *batch_norm_moments.FIXES,
-         *keras_hub_pipelines.FIXES, *xla_steps.FIXES)
+         *keras_hub_pipelines.FIXES, *xla_steps.FIXES, *saved_layers.FIXES)
 """Every fix, in the order `install()` installs them."""
 
 PINNED = (*coordination.PINNED, *step_count.PINNED, *strategy_internals.PINNED,

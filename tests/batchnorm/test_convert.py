@@ -154,7 +154,11 @@ def test_converted_resnet50_save_and_load_round_trip(tmp_path):
     path = tmp_path / "resnet50.keras"
     converted.save(path)
     loaded = keras.models.load_model(path)
-    assert all(type(layer) is sk.SyncBatchNormalization for layer in batch_norms(loaded).values())
+    # saved as Keras's own BatchNormalization(synchronized=True): loads anywhere
+    assert all(type(layer) is keras.layers.BatchNormalization and layer.synchronized
+               for layer in batch_norms(loaded).values())
+    assert all(type(layer) is sk.SyncBatchNormalization
+               for layer in batch_norms(converted).values())
     assert_same_weights(converted, loaded)
     x = np.random.default_rng(0).uniform(0, 255, size=(2, 32, 32, 3)).astype("float32")
     np.testing.assert_array_equal(loaded(x, training=False), model(x, training=False))

@@ -5,6 +5,11 @@ per-replica moments differ from the global ones and a layer that skipped the all
 would fail these comparisons; `test_removing_the_all_reduce_breaks_the_result` shows it.
 """
 
+import os
+import subprocess
+import sys
+import textwrap
+
 import keras
 import numpy as np
 import pytest
@@ -263,10 +268,45 @@ def test_keras_file_round_trip(tmp_path):
     model(distinct_batch([4, 4]), training=True)  # moving statistics away from 0 and 1
     path = tmp_path / "model.keras"
     model.save(path)
+    assert type(model.layers[0]) is sk.SyncBatchNormalization  # itself again after saving
     loaded = keras.models.load_model(path)
-    assert type(loaded.layers[0]) is sk.SyncBatchNormalization
+    # Saved as Keras's own, synchronized: loads where strategykit is not installed too
+    assert type(loaded.layers[0]) is keras.layers.BatchNormalization
+    assert loaded.layers[0].synchronized
     x = distinct_batch([3], seed=2)
     np.testing.assert_array_equal(loaded.predict(x, verbose=0), model.predict(x, verbose=0))
+    again = sk.convert_sync_batchnorm(loaded)  # synchronized by strategykit again
+    assert type(again.layers[0]) is sk.SyncBatchNormalization
+
+
+def test_a_saved_converted_model_and_its_checkpoint_load_without_strategykit(tmp_path):
+    keras.utils.set_random_seed(0)
+    model = sk.convert_sync_batchnorm(keras.Sequential([
+        keras.Input((3,)), keras.layers.Dense(4), keras.layers.BatchNormalization(),
+        keras.layers.Dense(1)]))
+    model.compile("sgd", "mse")
+    x = np.random.default_rng(0).normal(size=(16, 3)).astype("float32")
+    model.fit(x, x.sum(1), epochs=1, verbose=0, callbacks=[
+        keras.callbacks.ModelCheckpoint(str(tmp_path / "checkpoint.keras"))])
+    model.save(tmp_path / "model.keras")
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "expected.npy", model.predict(x, verbose=0))
+    script = textwrap.dedent(f"""
+        import sys
+        sys.modules["strategykit"] = None  # as where strategykit is not installed
+        import keras, numpy as np
+        folder = {str(tmp_path)!r}
+        x, expected = np.load(folder + "/x.npy"), np.load(folder + "/expected.npy")
+        for name in ("model.keras", "checkpoint.keras"):
+            loaded = keras.models.load_model(folder + "/" + name)
+            norm = loaded.layers[1]
+            assert type(norm) is keras.layers.BatchNormalization and norm.synchronized
+            np.testing.assert_allclose(loaded.predict(x, verbose=0), expected, rtol=1e-6)
+        print("loaded")
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert done.returncode == 0 and "loaded" in done.stdout, done.stderr[-3000:]
 
 
 def test_rejects_synchronized_false():
