@@ -36,6 +36,16 @@ class MyKeras2Model(Keras2Sequential):  # a user's subclass, defined outside tf_
     pass
 
 
+class Batches(keras.utils.PyDataset):
+    """A user's PyDataset: batches of 4 examples."""
+
+    def __len__(self):
+        return 2
+
+    def __getitem__(self, index):
+        return np.zeros((4, 3), "float32"), np.zeros(4, "float32")
+
+
 @pytest.fixture(scope="module")
 def ctx():
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
@@ -72,6 +82,27 @@ CASES = [
      ("cross_device_ops", "Received: cross_device_ops=5", "CrossDeviceOps instance")),
     ("from_env ops", lambda c: sk.from_env(cross_device_ops="ring"),
      ("cross_device_ops", "Received: cross_device_ops='ring'", "'auto'")),
+    # sk.shard of inputs numpy cannot stack (issue 54)
+    ("shard PyDataset", lambda c: sk.shard(Batches(), c.strategy, global_batch_size=4),
+     ("keras.utils.PyDataset yields batches", "Received: a Batches",
+      "tf.data.Dataset.from_generator")),
+    ("shard generator", lambda c: sk.shard((x for x in c.x), c.strategy, global_batch_size=4),
+     ("a generator or iterator can be read only once", "Received: a generator",
+      "tf.data.Dataset.from_generator")),
+    ("shard list of pairs", lambda c: sk.shard([(x, 1.0) for x in c.x], c.strategy,
+                                              global_batch_size=4),
+     ("not a list of examples", "Received: a list of 32 tuples", "np.stack")),
+    ("shard ragged list", lambda c: sk.shard(([[1, 2], [3]], [0, 1]), c.strategy,
+                                            global_batch_size=2),
+     ("do not stack into one", "Received: a list of examples of different shapes",
+      "keras.utils.pad_sequences")),
+    ("shard object array", lambda c: sk.shard(
+        np.array([np.zeros(2), np.zeros(3)], dtype=object), c.strategy, global_batch_size=2),
+     ("do not stack into one (an array of dtype object)",
+      "Received: a ndarray of examples of different shapes", "keras.utils.pad_sequences")),
+    ("shard -0.0 weight", lambda c: sk.shard((c.x, c.y, np.where(c.y > 50, 1.0, -0.0)),
+                                            c.strategy, global_batch_size=4),
+     ("sample_weight holds -0.0", "Received: -0.0 at example 0 and", "sample_weight + 0.0")),
     # sk.describe, sk.reduce, sk.is_chief, sk.scale_learning_rate
     ("describe count", lambda c: sk.describe(2),
      ("strategy", "Received: strategy=2", "sk.mirrored(replicas=N)")),

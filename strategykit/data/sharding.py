@@ -20,6 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from strategykit import upstream
+from strategykit.batches.marks import real_examples
 from strategykit.cluster.roles import is_multi_worker
 from strategykit.cluster.strategy_argument import check_strategy
 from strategykit.data import position, predict_input
@@ -316,6 +317,6 @@ def replica_batches(ds, strategy: tf.distribute.Strategy, steps: int | None = No
 def _real_values(values, weights, padding):
     values = np.asarray(values)
     if weights is not None and not padding:
-        weights = np.asarray(weights)  # (B,), or (B, 1, 1) for label maps
-        values = values[np.any(weights > 0, axis=tuple(range(1, weights.ndim)))]
+        # By the padding mark (-0.0), not by weight: an example you weighed 0 is real
+        values = values[real_examples(weights).numpy()]
     return values.tolist()

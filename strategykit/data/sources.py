@@ -7,6 +7,8 @@ batched twice.
 
 from __future__ import annotations
 
+import types
+
 import keras
 import numpy as np
 import tensorflow as tf
@@ -36,7 +38,25 @@ def examples_source(data):
             f"{len(lengths)} arrays. Pass arrays with one entry per example each."
         )
     size = next(iter(lengths.values()))
+    if isinstance(arrays, tuple) and len(arrays) == 3:
+        _check_no_negative_zero(arrays[2])
     return (lambda context: tf.data.Dataset.from_tensor_slices(arrays)), size
+
+
+def _check_no_negative_zero(sample_weight) -> None:
+    """Raises ValueError for a sample weight of -0.0: the mark of a padded copy."""
+    for weight in tf.nest.flatten(sample_weight):
+        if not np.issubdtype(weight.dtype, np.floating):
+            continue
+        marked = np.flatnonzero(((weight == 0) & np.signbit(weight)).reshape(len(weight), -1)
+                                .any(axis=1))
+        if marked.size:
+            raise ValueError(
+                "sample_weight holds -0.0 (negative zero), the weight sk.shard gives the "
+                "padded copies of a final batch, so Keras would count those examples as "
+                f"copies: left out of every metric. Received: -0.0 at example "
+                f"{int(marked[0])}{f' and {marked.size - 1} more' if marked.size > 1 else ''}"
+                ". Pass sample_weight + 0.0 (which turns -0.0 into 0.0) to weigh them 0.")
 
 
 def check_unbatched(dataset, what: str) -> tf.data.Dataset:
@@ -76,7 +96,36 @@ def _batching_transformation(dataset) -> str | None:
     return None
 
 
+_FROM_GENERATOR = (
+    "tf.data.Dataset.from_generator(lambda: ((x, y) for x, y in ...), output_signature="
+    "(tf.TensorSpec(x_shape, x_dtype), tf.TensorSpec((), y_dtype))), one example per "
+    "element (unbatched), or the arrays themselves")
+
+
+def _check_not_batches_or_a_stream(data) -> None:
+    """Raises ValueError for a `PyDataset`, a generator or a list of examples: inputs
+    numpy cannot stack, which it would report as an inhomogeneous shape."""
+    if isinstance(data, keras.utils.PyDataset):
+        raise ValueError(
+            "sk.shard takes examples, and a keras.utils.PyDataset yields batches of its own "
+            f"size, which it would batch again. Received: a {type(data).__name__}. Pass its "
+            f"examples as arrays, or as {_FROM_GENERATOR}.")
+    if isinstance(data, types.GeneratorType) or (hasattr(data, "__next__")
+                                                 and not hasattr(data, "__len__")):
+        raise ValueError(
+            "sk.shard reads its data once per epoch, and a generator or iterator can be read "
+            f"only once. Received: a {type(data).__name__}. Pass {_FROM_GENERATOR}.")
+    if isinstance(data, list) and data and all(isinstance(part, (tuple, dict))
+                                                for part in data):
+        raise ValueError(
+            "sk.shard takes arrays of examples, not a list of examples. Received: a list of "
+            f"{len(data)} {type(data[0]).__name__}s. Stack them: (np.stack([x for x, _ in "
+            "pairs]), np.array([y for _, y in pairs])), or pass "
+            f"{_FROM_GENERATOR}.")
+
+
 def _as_arrays(data):
+    _check_not_batches_or_a_stream(data)
     if isinstance(data, (str, bytes)) or data is None:
         raise ValueError(
             f"Unsupported data for sk.shard. Received: {type(data).__name__}. Pass numpy "
@@ -95,13 +144,28 @@ def _as_arrays(data):
         return tuple(_as_arrays(part) for part in data)
     if isinstance(data, dict):
         return {key: _as_arrays(value) for key, value in data.items()}
-    array = np.asarray(data)
+    try:
+        array = np.asarray(data)
+    except ValueError as error:  # numpy: "inhomogeneous shape"
+        raise _ragged(data, f"numpy: {error}") from None
+    if array.dtype == object and not all(isinstance(value, (str, bytes))
+                                         for value in array.ravel()):
+        raise _ragged(data, "an array of dtype object")
     if array.ndim == 0:
         raise ValueError(
             f"data must hold one entry per example. Received: a scalar {data!r}. Pass an "
             "array of examples, e.g. np.arange(10)."
         )
     return array
+
+
+def _ragged(data, found: str) -> ValueError:
+    return ValueError(
+        f"sk.shard takes arrays with one shape for every example, and these do not stack "
+        f"into one ({found}). Received: a {type(data).__name__} of examples of different "
+        "shapes. Pad them to one length (keras.utils.pad_sequences), or pass an unbatched "
+        "tf.data.Dataset.from_generator(..., output_signature=tf.TensorSpec((None,), dtype)) "
+        "of examples padded to one length (sk.shard stacks the examples of each batch).")
 
 
 def _is_list_of_inputs(data) -> bool:

@@ -565,3 +565,12 @@ def test_one_replica_evaluates_as_keras_does_on_numpy_data():
     expected = model.evaluate(x, y, batch_size=4, verbose=0, return_dict=True)
     data = sk.shard((x, y), tf.distribute.get_strategy(), global_batch_size=4)
     assert model.evaluate(data, verbose=0, return_dict=True) == pytest.approx(expected)
+
+
+def test_replica_batches_shows_the_examples_weighed_0_and_hides_only_the_copies(make_strategy):
+    strategy = make_strategy(2)
+    ids = np.arange(6)
+    weights = np.array([1.0, 0.0, 1.0, 0.0, 1.0, 1.0])  # the user weighs 1 and 3 zero
+    ds = sk.shard((ids, ids, weights), strategy, global_batch_size=4)
+    assert sk.replica_batches(ds, strategy) == [[[0, 1], [2, 3]], [[4], [5]]]
+    assert sk.replica_batches(ds, strategy, padding=True)[-1] == [[4, 4], [5, 5]]
