@@ -209,6 +209,14 @@ def check(
         initial_weights = single.get_weights()
         single_logs, single_first = _train(
             single, feeds.one_device(trained, global_batch_size), accumulation, epochs)
+        # Inputs alone carry no weights to mark a padded batch's copies: whole batches
+        evaluated = (metrics.evaluation_examples(data, trained_examples, global_batch_size)
+                     if feeds.labeled(data) else trained)
+        # Evaluated before model_fn runs again, which may free what this model holds:
+        # keras.utils.set_random_seed clears TensorFlow's kernel cache, and a SentencePiece
+        # tokenizer's model with it (keras-hub's DeBERTa, T5, Gemma, ALBERT)
+        single_metrics = (metrics.evaluate_one_device(single, evaluated, global_batch_size)
+                          if _evaluates(single) else {})
         with strategy.scope():
             distributed = _prepared(model_fn, accumulation, dtype, first=single)
         randomness.switch_off(distributed)
@@ -218,15 +226,13 @@ def check(
             accumulation, epochs)
         final = differ.largest(differ.values(single), differ.values(distributed))
         optimizer_steps = (_optimizer_steps(single), _optimizer_steps(distributed))
-        single_metrics, distributed_metrics = {}, {}
+        distributed_metrics = {}
         if (differ.agree(final, tolerance) and optimizer_steps[0] == optimizer_steps[1]
-                and _evaluates(single)):  # else as the weights
-            # Inputs alone carry no weights to mark a padded batch's copies: whole batches
-            evaluated = (metrics.evaluation_examples(data, trained_examples, global_batch_size)
-                         if feeds.labeled(data) else trained)
-            single_metrics, distributed_metrics = metrics.evaluate_both(
-                single, distributed, evaluated, strategy=strategy,
-                global_batch_size=global_batch_size)
+                and _evaluates(single)):
+            distributed_metrics = metrics.evaluate_replicas(
+                distributed, evaluated, strategy=strategy, global_batch_size=global_batch_size)
+        else:  # the metrics then differ for that reason: not compared
+            single_metrics = {}
 
     first_update = constant = None  # unseen when Keras skips batch callbacks
     if single_first and distributed_first:

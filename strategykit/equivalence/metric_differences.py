@@ -40,14 +40,17 @@ def evaluation_examples(data, trained: int, global_batch_size: int):
     return feeds.head(data, evaluation_size(trained, global_batch_size))
 
 
-def evaluate_both(single: keras.Model, distributed: keras.Model, data, *,
-                  strategy: tf.distribute.Strategy, global_batch_size: int):
-    """`(one device's, N replicas')` `evaluate()` values on `data`, by name."""
-    expected = single.evaluate(**feeds.one_device(data, global_batch_size), verbose=0,
-                               return_dict=True)
-    found = distributed.evaluate(**feeds.replicas(data, strategy, global_batch_size),
-                                 verbose=0, return_dict=True)
-    return floats(expected), floats(found)
+def evaluate_one_device(single: keras.Model, data, global_batch_size: int) -> dict:
+    """One device's `evaluate()` values on `data`, by name."""
+    return floats(single.evaluate(**feeds.one_device(data, global_batch_size), verbose=0,
+                                  return_dict=True))
+
+
+def evaluate_replicas(distributed: keras.Model, data, *, strategy: tf.distribute.Strategy,
+                      global_batch_size: int) -> dict:
+    """N replicas' `evaluate()` values on `sk.shard` data of `data`, by name."""
+    return floats(distributed.evaluate(**feeds.replicas(data, strategy, global_batch_size),
+                                       verbose=0, return_dict=True))
 
 
 def differences(single: dict, distributed: dict) -> dict:

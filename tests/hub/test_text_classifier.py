@@ -101,3 +101,44 @@ def test_a_text_classifier_on_four_replicas_equals_one_device(float64):
     history = _on_tokens(model, strategy, sharded=True)
     assert model.preprocessor is None
     assert_same_as_one_device(model, one, history, one_history)
+
+
+def _sentencepiece_proto():
+    """A SentencePiece model of the test's words (keras-hub's DeBERTa, T5, Gemma and ALBERT
+    tokenizers are SentencePiece ones), trained here: no download."""
+    import io
+
+    sentencepiece = pytest.importorskip("sentencepiece")
+    proto = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(_sentences(200, 0)[0].tolist()), model_writer=proto,
+        vocab_size=len(WORDS) + 6, model_type="word", pad_id=0, unk_id=1, bos_id=2,
+        eos_id=3, pad_piece="<pad>", unk_piece="<unk>", bos_piece="[CLS]",
+        eos_piece="[SEP]", user_defined_symbols="[MASK]", minloglevel=2)
+    return proto.getvalue()
+
+
+def test_sk_check_of_a_sentencepiece_classifier_whose_model_fn_sets_the_seed(float64):
+    # keras.utils.set_random_seed clears TensorFlow's kernel cache, which holds a
+    # SentencePiece tokenizer's model: the first model's tokenizer is gone once model_fn
+    # runs again (NotFoundError: Resource .../SentencepieceOp/... does not exist).
+    proto = _sentencepiece_proto()
+
+    def model_fn():
+        keras.utils.set_random_seed(0)  # as sk.check's docs do, before the tokenizer
+        tokenizer = keras_hub.tokenizers.AlbertTokenizer(proto=proto)
+        backbone = keras_hub.models.AlbertBackbone(
+            vocabulary_size=tokenizer.vocabulary_size(), num_layers=1, num_heads=2,
+            embedding_dim=8, hidden_dim=8, intermediate_dim=16, max_sequence_length=LENGTH,
+            dropout=0.0)
+        preprocessor = keras_hub.models.AlbertTextClassifierPreprocessor(
+            tokenizer, sequence_length=LENGTH)
+        model = keras_hub.models.AlbertTextClassifier(
+            backbone, num_classes=2, preprocessor=preprocessor, dropout=0.0)
+        model.compile(optimizer=keras.optimizers.AdamW(1e-2, global_clipnorm=0.1),
+                      weighted_metrics=["accuracy"])
+        return model
+
+    report = sk.check(model_fn, _sentences(60, 1), strategy=sk.mirrored(cpu_devices(4)))
+    assert report.passed, str(report)
+    assert {"loss", "accuracy"} <= set(report.single_device_metrics)
