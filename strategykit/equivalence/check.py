@@ -131,6 +131,9 @@ def check(
         strategy: the N-replica strategy to use. Default: `sk.mirrored(replicas=replicas)`.
         dtype: `"float64"` (default) to build and train both models in float64,
             `"float32"` for float32, or None to keep the user's global dtype policy.
+            In a 16-bit policy (`mixed_bfloat16`, `mixed_float16`) rounding alone is
+            larger than the tolerance: a failure with no cause found is reported
+            `INCONCLUSIVE` (`CheckReport.inconclusive`), not blamed on a cause.
         gradient_accumulation_steps: K, an int >= 1. Default 1 (none). With K > 1 both
             models' optimizers accumulate gradients over K micro-steps of
             `global_batch_size` examples per update (fresh optimizers built from their
@@ -253,6 +256,7 @@ def check(
         single_device_loss=single_logs.get("loss"),
         distributed_loss=distributed_logs.get("loss"),
         dtype=dtype,
+        compute_dtype=(keras.config.dtype_policy().compute_dtype if dtype is None else dtype),
         gradient_accumulation_steps=accumulation,
         layer_differences=differ.by_layer(single, final),
         first_differing_layer=first_layer,

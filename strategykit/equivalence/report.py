@@ -9,6 +9,9 @@ from strategykit.equivalence import update_factor
 from strategykit.equivalence import weight_differences as differ
 from strategykit.equivalence.precision import other_dtypes_text
 
+_ROUNDING = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}
+"""The relative rounding (half an ulp at 1) of the 16-bit dtypes a check may compute in."""
+
 _STAGES = {
     differ.FORWARD: "its forward state (e.g. moving statistics) differs after the first "
                     "update, so it computes differently on a replica's slice",
@@ -30,6 +33,7 @@ class CheckReport:
             the next pass over the data are compared too).
         partial_batch: the real examples of each epoch's final training batch, 0 where
             every batch was whole (see `coverage`).
+        compute_dtype: the dtype both runs computed in (the policy's, with `dtype=None`).
         optimizer_steps: `(one device's, N replicas')` steps their optimizers counted
             (`optimizer.iterations`, which Adam's bias correction and learning-rate
             schedules read); the check fails where they differ, whatever the weights.
@@ -101,6 +105,7 @@ class CheckReport:
     partial_batch: int = 0
     fed_dataset: bool = False
     optimizer_steps: tuple = ()
+    compute_dtype: str | None = None
 
     @property
     def coverage(self) -> str:
@@ -168,8 +173,20 @@ class CheckReport:
     def __bool__(self) -> bool:
         return self.passed
 
+    @property
+    def inconclusive(self) -> bool:
+        """Whether it failed on weights computed in a 16-bit dtype, with no cause found (no
+        update factor, added term or step count): their rounding alone (bfloat16 keeps 8
+        significant bits) is larger than the tolerance, so the difference may be rounding.
+        Check in float64 (the default `dtype`) for a verdict."""
+        return (not self.passed and self.compute_dtype in _ROUNDING
+                and self.update_factor is None and not self.differing_terms
+                and self.optimizer_steps_agree)
+
     def __str__(self) -> str:
-        verdict = "PASSED" if self.passed else "FAILED"
+        verdict = ("PASSED" if self.passed else
+                   f"INCONCLUSIVE ({self.compute_dtype} rounding)" if self.inconclusive
+                   else "FAILED")
         k = self.gradient_accumulation_steps
         accumulated = f" x {k} accumulation steps" if k > 1 else ""
         lines = [
@@ -201,6 +218,13 @@ class CheckReport:
                   for term in self.differing_terms]
         if not self.weights_agree and self.update_factor is not None:
             lines.append(update_factor.text(self.update_factor, self.replicas))
+        elif self.inconclusive:
+            lines.append(
+                f"  computed in {self.compute_dtype}, which rounds to a relative "
+                f"{_ROUNDING[self.compute_dtype]:.1e}: a correct run differs from one device "
+                "by that rounding, beyond the tolerance, so this difference may be rounding "
+                "alone. Run sk.check with dtype=\"float64\" (the default: your policy is "
+                "restored afterwards) for a verdict.")
         elif not self.weights_agree and not self.differing_terms and self.optimizer_steps_agree:
             lines.append(
                 "  Look for loss scaled by the per-replica batch, unsynchronized "
