@@ -13,7 +13,6 @@ import keras
 import tensorflow as tf
 from keras import ops
 
-from strategykit import upstream
 from strategykit.batches.moments import cross_replica_moments, over_real_examples
 from strategykit.upstream import saved_layers
 
@@ -141,7 +140,6 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
 def track_saved_layer(layer: SyncBatchNormalization) -> None:
     """Makes `.keras` files save `layer` as Keras's `BatchNormalization(synchronized=True)`,
     which plain Keras loads (`strategykit.upstream.saved_layers`)."""
-    upstream.install()
     saved_layers.track(layer)
 
 

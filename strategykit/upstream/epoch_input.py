@@ -15,9 +15,8 @@ step, iterator)`:
   and read without `steps_per_epoch`): each epoch is the `source`'s `open_epoch()`, the
   iterator of one long-lived pipeline at the start of the epoch's pass with the pass's
   steps, read for exactly those steps and closed with `close_epoch(token, completed)`.
-  Data of a size tf.data does not know has no steps (None): its epoch reads each batch
-  before the step that takes it and ends where there is none, so no step runs past the
-  end (Keras's would, and advance the optimizer: `steps_per_execution.Fetched`).
+  Data of unknown size has no steps (None): each batch is read before its step, and the
+  epoch ends where there is none (Keras's extra step would count on the optimizer).
   The model is built from `source.example_batch()` (`multi_worker`'s
   `_maybe_symbolic_build` asks `example_batch_of`), so building reads no example.
 * **Other data under several replicas of one worker, of a known number of steps,
@@ -164,15 +163,12 @@ def _executions(self, iterator, steps: int):
 
 
 def _executions_until_end(self, iterator):
-    """The executions of an epoch of unknown length: each reads its batches before its
-    step runs (`steps_per_execution.Fetched`), and the epoch ends where the iterator has
-    no next batch, without a step past the end."""
-    per_execution = self.steps_per_execution
-    with_last = by_fingerprint(_KERAS_ENUMERATE, _KERAS_YIELDS_LAST_STEP)
-    first = 0
+    """The executions of an epoch of unknown length, each of the batches read before it
+    (`steps_per_execution.Fetched`): the epoch ends where there is no next batch."""
+    with_last, first = by_fingerprint(_KERAS_ENUMERATE, _KERAS_YIELDS_LAST_STEP), 0
     while True:
         batches = []
-        while len(batches) < per_execution:
+        while len(batches) < self.steps_per_execution:
             optional = iterator.get_next_as_optional()
             if not optional.has_value():
                 break
@@ -180,10 +176,10 @@ def _executions_until_end(self, iterator):
         if not batches:
             return
         self._steps_seen = first + len(batches)
+        last = self._steps_seen - 1
         execution = steps_per_execution.Fetched(batches)
-        last = first + len(batches) - 1
         yield (first, last, execution) if with_last else (first, execution)
-        if len(batches) < per_execution:
+        if len(batches) < self.steps_per_execution:
             return
         first = last + 1
 

@@ -81,16 +81,8 @@ class Steps:
 
 
 class Fetched:
-    """Batches already read from an iterator: one execution of data of unknown size.
-
-    An epoch of `sk.shard` data whose size tf.data does not know ends when its iterator
-    has no next batch. Keras finds that out by calling its step function once more, and
-    that call, failing at `get_next`, still runs every op of the step that does not wait
-    for the data: the optimizer's `iterations` goes up by one (Adam's bias correction and
-    every learning-rate schedule then run a step ahead on N replicas, at random on some
-    epochs), as do the states of `SeedGenerator`s. So the epoch reads each batch before
-    the step (`get_next_as_optional`, `strategykit.upstream.epoch_input`) and runs the
-    step on the batches it got: no step runs past the end.
+    """Batches read before their step: an execution of data of unknown size, whose epoch
+    ends where there is no next batch (`epoch_input`), not with a step past the end.
 
     Example:
         >>> Fetched([1, 2]).batches
@@ -144,8 +136,7 @@ def _make_function(self, step_function):
     def function(iterator):
         nonlocal run_steps, run_one_step
         if isinstance(iterator, Fetched):
-            if run_one_step is None:
-                run_one_step = _one_step_function(self, step_function)
+            run_one_step = run_one_step or _one_step(self, step_function)
             for data in iterator.batches:
                 outputs = run_one_step(data)
             return outputs
@@ -160,7 +151,8 @@ def _make_function(self, step_function):
 
 
 def _one_step(model, step_function):
-    """A function of a step's batch: Keras's `strategy.run(step)` and its reduction."""
+    """A function of a step's batch, Keras's `strategy.run(step)` and its reduction:
+    traced (whole-step XLA where the model compiles so), eager with `run_eagerly`."""
 
     def one_step(data):
         strategy = model.distribute_strategy
@@ -168,19 +160,10 @@ def _one_step(model, step_function):
         # Looked up at each call: strategykit.upstream.multi_worker replaces it.
         return resolve(_TRAINER_MODULE).reduce_per_replica(outputs, strategy, "auto")
 
-    return one_step
-
-
-def _whole_step_xla(model) -> bool:
-    return model.jit_compile and not xla_steps.compiles_each_replica(model)
-
-
-def _one_step_function(model, step_function):
-    """A function of one batch (a `Fetched` one) running the step; returns its logs."""
-    one_step = _one_step(model, step_function)
     if model.run_eagerly:
         return one_step
-    return tf.function(one_step, reduce_retracing=True, jit_compile=_whole_step_xla(model))
+    whole_step_xla = model.jit_compile and not xla_steps.compiles_each_replica(model)
+    return tf.function(one_step, reduce_retracing=True, jit_compile=whole_step_xla)
 
 
 def _steps_function(model, step_function):
@@ -193,8 +176,6 @@ def _steps_function(model, step_function):
             return outputs
 
         return run_steps
-
-    one_step = tf.function(one_step, reduce_retracing=True, jit_compile=_whole_step_xla(model))
 
     def run_steps(iterator, count):
         with _own_loop():
