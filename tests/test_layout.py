@@ -15,8 +15,8 @@ import pytest
 import strategykit
 
 PACKAGE = pathlib.Path(strategykit.__file__).parent
-LAYERS = ["launcher", "background", "cluster", "pinning", "metrics", "batches", "xla", "upstream",
-          "strategy", "data", "batchnorm", "callbacks", "equivalence", "cli"]
+LAYERS = ["launcher", "background", "cluster", "pinning", "made", "metrics", "batches", "xla",
+          "upstream", "strategy", "data", "batchnorm", "callbacks", "equivalence", "cli"]
 
 
 def _parts():

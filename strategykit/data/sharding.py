@@ -28,7 +28,8 @@ from strategykit.data.batching import split_labels
 from strategykit.data.pipeline import make_pipeline
 from strategykit.data.sources import check_size, examples_source
 from strategykit.data.stream import EpochStream, PassEachEpoch, attach_stream
-from strategykit.upstream import model_scope, remade_data, state_steps
+from strategykit.made import model_scope, remade_data
+from strategykit.upstream import state_steps
 
 _WEIGHTED = weakref.WeakKeyDictionary()  # distributed datasets made here that carry weights
 

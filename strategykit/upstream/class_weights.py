@@ -9,7 +9,7 @@ the same time`). tensorflow/tensorflow#41290 (tf.keras, closed unfixed); Keras 3
 to 3.15.1 all do this.
 
 The datasets `sk.shard` makes register how to remake themselves
-(`strategykit.upstream.remade_data`). For such a dataset and a `class_weight`,
+(`strategykit.made.remade_data`). For such a dataset and a `class_weight`,
 `TFDatasetAdapter.__init__` is handed that dataset remade with Keras's own class weights
 (`make_class_weight_map_fn`, so the classes are read from `y` as one device reads them)
 multiplied into every batch's weights before it is padded and distributed, and no
@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from strategykit.made.remade_data import remaker_of
 from strategykit.pinning.fix import Fix, original, resolve
-from strategykit.upstream.remade_data import remaker_of
 
 _ADAPTERS = "keras.src.trainers.data_adapters"
 _TF_ADAPTER = f"{_ADAPTERS}.tf_dataset_adapter"

@@ -20,8 +20,8 @@ import weakref
 import tensorflow as tf
 
 from strategykit.cluster.roles import is_multi_worker
+from strategykit.made import model_scope
 from strategykit.pinning.fix import Fix, original, resolve
-from strategykit.upstream import model_scope
 from strategykit.xla import replica_steps as xla_steps
 
 _MODULE = "keras.src.backend.tensorflow.trainer"

@@ -11,7 +11,7 @@ Task model, with or without a preprocessor. keras-team/keras-hub (unreported); k
 0.16.1 to 0.32.0 all do this (two versions of the code: 0.32.0 adds grain datasets).
 
 For `sk.shard` data these methods do what keras-hub's do, with the preprocessing moved
-into the data's input pipeline (`strategykit.upstream.remade_data`): the data is remade
+into the data's input pipeline (`strategykit.made.remade_data`): the data is remade
 with `preprocess_samples` run on every batch before its weights and its padding, so each
 replica gets its own examples, preprocessed as one device's batches are, and a padded
 final batch stays exact also where the preprocessor makes the labels and weights (a
@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import keras
 
+from strategykit.made.remade_data import options_of, remaker_of
 from strategykit.pinning.fix import Fix, original, resolve
-from strategykit.upstream.remade_data import options_of, remaker_of
 
 _PIPELINE_MODEL = "keras_hub.src.utils.pipeline_model:PipelineModel"
 

@@ -37,8 +37,9 @@ import keras
 import tensorflow as tf
 
 from strategykit.cluster.roles import is_multi_worker
+from strategykit.made import model_scope
 from strategykit.pinning.fix import Fix, original, resolve
-from strategykit.upstream import epoch_input, model_scope, steps_per_execution
+from strategykit.upstream import epoch_input, steps_per_execution
 
 _TRAINER_MODULE = "keras.src.backend.tensorflow.trainer"
 _TRAINER = f"{_TRAINER_MODULE}:TensorFlowTrainer"

@@ -11,7 +11,8 @@ import pytest
 import tensorflow as tf
 
 import strategykit as sk
-from strategykit.upstream import class_weights, remade_data
+from strategykit.made import remade_data
+from strategykit.upstream import class_weights
 
 CLASS_WEIGHT = {0: 0.5, 1: 2.0}
 GLOBAL_BATCH = 8

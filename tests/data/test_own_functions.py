@@ -16,7 +16,7 @@ import tensorflow as tf
 
 import strategykit as sk
 from strategykit.data import batching, own_functions, pipeline, position, sharding
-from strategykit.upstream.remade_data import remaker_of
+from strategykit.made.remade_data import remaker_of
 
 OWN_MODULES = (batching, own_functions, pipeline, position, sharding)
 

@@ -5,8 +5,8 @@ data `sk.shard(..., strategy)` made fails inside Keras's first step with `ValueE
 Only input tensors may be passed as positional arguments ... PerReplica:{...}`, which
 says nothing of scopes. `sk.shard` registers the strategy of every dataset it makes
 (`register`); `fit()`, `evaluate()` and `predict()` of such a dataset call `check`
-first (from `strategykit.upstream.multi_worker` and `exact_predictions`, which replace
-the methods Keras starts them with), which compares the model's variables with the
+first (from the fixes `strategykit.upstream.multi_worker` and `exact_predictions`, which
+replace the methods Keras starts them with), which compares the model's variables with the
 strategy by public API (`StrategyExtended.variable_created_in_scope`).
 """
 
