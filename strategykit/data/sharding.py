@@ -28,7 +28,7 @@ from strategykit.data.batching import split_labels
 from strategykit.data.pipeline import make_pipeline
 from strategykit.data.sources import check_size, examples_source
 from strategykit.data.stream import EpochStream, PassEachEpoch, attach_stream
-from strategykit.made import model_scope, remade_data
+from strategykit.made import model_scope, remade_data, strategies
 from strategykit.upstream import state_steps
 
 _WEIGHTED = weakref.WeakKeyDictionary()  # distributed datasets made here that carry weights
@@ -186,6 +186,7 @@ def shard(
             "augment=lambda example, seed: (tf.image.stateless_random_flip_left_right("
             "example[0], seed), example[1]), or None.")
     upstream.install()  # Keras then counts only the real examples of a padded batch
+    strategies.register(strategy)  # and its fixes apply to this strategy's models
     remainder = "drop" if drop_remainder else ("pad" if pad_remainder else "split")
     if remainder == "pad" and strategy.num_replicas_in_sync == 1:
         remainder = "split"  # one replica takes the final partial batch as it is

@@ -15,10 +15,15 @@ import weakref
 import tensorflow as tf
 
 _OURS: weakref.WeakSet = weakref.WeakSet()
+_DEFAULT_SHARDED_FOR: list = []  # the default strategy, once sk.shard sharded for it
 
 
 def register(strategy: tf.distribute.Strategy) -> tf.distribute.Strategy:
     """Records `strategy` as one strategykit made (or shards for); returns it.
+
+    The default strategy (`tf.distribute.get_strategy()` outside any scope: one device)
+    is never one of ours, as every one-device model runs on it; `sk.shard` for it is
+    recorded apart (`sharded_for`), for the training position of its data.
 
     Example:
         >>> import tensorflow as tf
@@ -26,7 +31,10 @@ def register(strategy: tf.distribute.Strategy) -> tf.distribute.Strategy:
         >>> is_ours(strategy), is_ours(register(strategy))
         (False, True)
     """
-    _OURS.add(strategy)
+    if not tf.distribute.has_strategy() and strategy is tf.distribute.get_strategy():
+        _DEFAULT_SHARDED_FOR[:] = [strategy]
+    else:
+        _OURS.add(strategy)
     return strategy
 
 
@@ -37,6 +45,13 @@ def is_ours(strategy) -> bool:
         return strategy in _OURS
     except TypeError:  # not weakly referable: not a strategy of ours
         return False
+
+
+def sharded_for(strategy) -> bool:
+    """Whether `strategy` is one of ours, or the default strategy once `sk.shard` sharded
+    data for it: where strategykit's callbacks join every `fit()` (the training position
+    of its data, `strategykit.data.position`), though no fix changes the training."""
+    return is_ours(strategy) or any(strategy is default for default in _DEFAULT_SHARDED_FOR)
 
 
 def in_ours() -> bool:

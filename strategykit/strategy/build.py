@@ -8,6 +8,7 @@ import tensorflow as tf
 
 from strategykit import upstream
 from strategykit.cluster import environments, progress_reporter, public_address
+from strategykit.made import strategies
 from strategykit.pinning.legacy_keras import warn_if_legacy_keras
 from strategykit.strategy import devices as _devices
 from strategykit.upstream import strategy_internals
@@ -146,9 +147,9 @@ def from_env(*, cross_device_ops: str | tf.distribute.CrossDeviceOps = "auto"):
     resolver = environment.resolver()
     _report_progress(environment.worker_index())
     upstream.install()
-    return tf.distribute.MultiWorkerMirroredStrategy(
+    return strategies.register(tf.distribute.MultiWorkerMirroredStrategy(
         cluster_resolver=resolver, communication_options=options
-    )
+    ))
 
 
 def _checked_replicas(replicas) -> int:
@@ -257,4 +258,4 @@ def _multi_worker_options(choice) -> tf.distribute.experimental.CommunicationOpt
 def _build_mirrored(devices, cross_device_ops):
     upstream.install()  # strategykit's fixes of Keras/TF gaps (see strategykit/upstream/)
     # Collective keys of its own: strategies of several sizes live in one process.
-    return strategy_internals.mirrored_strategy(devices, cross_device_ops)
+    return strategies.register(strategy_internals.mirrored_strategy(devices, cross_device_ops))

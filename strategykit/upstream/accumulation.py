@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from strategykit.made import strategies
 from strategykit.pinning.fix import Fix, by_fingerprint, original, resolve
 
 # Every micro-step all-reduces its gradients (True), or each replica accumulates its own
@@ -37,8 +38,9 @@ _REDUCE_EVERY_MICRO_STEP = False
 
 
 def _applies(optimizer, *args, **kwargs) -> bool:
-    """Accumulation under a strategy, in a replica context: where upstream fails."""
-    return bool(optimizer.gradient_accumulation_steps and tf.distribute.has_strategy()
+    """Accumulation in a replica context of a strategy strategykit made or sharded for,
+    where upstream fails (under any other strategy upstream's own code runs, and fails)."""
+    return bool(optimizer.gradient_accumulation_steps and strategies.in_ours()
                 and tf.distribute.get_replica_context() is not None)
 
 

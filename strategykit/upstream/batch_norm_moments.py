@@ -10,9 +10,10 @@ mask)`, and its moving statistics from them. Two gaps (keras-team/keras, unrepor
 * With `synchronized=True` and a mask (a masked sequence), Keras takes the masked
   moments of each replica's own batch: not synchronized at all.
 
-The replacement takes the moments over the real examples of the step being traced
-(`strategykit.batches.current_step`, published by every step function Keras builds),
-the layer's mask respected:
+Under a strategy strategykit made or sharded for (`strategykit.made.strategies`; Keras's
+own everywhere else) the replacement takes the moments over the real examples of the
+step being traced (`strategykit.batches.current_step`, published by every step function
+Keras builds for such a model), the layer's mask respected:
 
 * synchronized, several replicas: strategykit's one-all-reduce moments over every
   replica's real examples (`strategykit.batches.moments`, as `sk.SyncBatchNormalization`),
@@ -30,6 +31,7 @@ import tensorflow as tf
 
 from strategykit.batches import current_step
 from strategykit.batches.moments import cross_replica_moments, over_real_examples
+from strategykit.made import strategies
 from strategykit.pinning.fix import Fix, original, resolve
 
 ISSUE = "keras-team/keras (unreported)"
@@ -39,6 +41,8 @@ _BATCH_NORM = "keras.src.layers.normalization.batch_normalization:BatchNormaliza
 def moments_over_real_examples(self, inputs, mask):
     """Keras's `_moments`, over the real examples of the step (see the module docstring)."""
     own = original(resolve(_BATCH_NORM), "_moments")
+    if not strategies.in_ours():
+        return own(self, inputs, mask)
     context = tf.distribute.get_replica_context()
     replicas = 1 if context is None else context.num_replicas_in_sync
     step = current_step.current()
@@ -67,7 +71,8 @@ def _padded_batch_on_several_replicas(self, inputs, mask) -> bool:
     step with sample weights (which may hold padded copies) or a mask."""
     context = tf.distribute.get_replica_context()
     step = current_step.current()
-    return (context is not None and context.num_replicas_in_sync > 1 and self.synchronized
+    return (strategies.in_ours() and context is not None
+            and context.num_replicas_in_sync > 1 and self.synchronized
             and (mask is not None or (step is not None and step.real is not None)))
 
 

@@ -12,14 +12,17 @@ where Keras knows it.
 
 from __future__ import annotations
 
+from strategykit.made import model_scope
 from strategykit.pinning.fix import Fix, original, resolve
 
 _ADAPTERS = "keras.src.trainers.data_adapters"
 
 
 def _is_tf_dataset(x) -> bool:
-    """Keras's `is_tf_dataset`, and True for a `DistributedDatasetsFromFunction` too."""
-    return _made_by_function(x) or original(resolve(_ADAPTERS), "is_tf_dataset")(x)
+    """Keras's `is_tf_dataset`, and True for a `DistributedDatasetsFromFunction` that
+    `sk.shard` made too."""
+    return ((_made_by_function(x) and model_scope.strategy_of(x) is not None)
+            or original(resolve(_ADAPTERS), "is_tf_dataset")(x))
 
 
 def _made_by_function(x) -> bool:

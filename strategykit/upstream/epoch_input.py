@@ -19,14 +19,16 @@ step, iterator)`:
   epoch ends where there is none (Keras's extra step would count on the optimizer).
   The model is built from `source.example_batch()` (`multi_worker`'s
   `_maybe_symbolic_build` asks `example_batch_of`), so building reads no example.
-* **Other data under several replicas of one worker, of a known number of steps,
+* **Other data under several replicas of one worker of a strategy strategykit made or
+  sharded for (`strategykit.made.strategies`), of a known number of steps,
   without `steps_per_epoch`**: one iterator per epoch, not two, released to the
   reaper's thread when the next epoch starts or the call ends.
 * Everything else (one replica, several workers, `steps_per_epoch`, an unknown number
-  of steps) goes to Keras's own code. Under several replicas of one worker, the
-  iterators Keras makes there are deleted on the reaper's thread too: each when Keras
-  starts the next, the last when Keras's epoch iterator is deleted (at the end of the
-  call, or at a later garbage collection, which then waits for nothing).
+  of steps, a strategy strategykit did not make) goes to Keras's own code. Under
+  several replicas of one worker of a strategy of strategykit's, the iterators Keras
+  makes there are deleted on the reaper's thread too: each when Keras starts the next,
+  the last when Keras's epoch iterator is deleted (at the end of the call, or at a
+  later garbage collection, which then waits for nothing).
 
 Each execution is `steps_per_execution.execution(...)`: of at most `steps_per_execution`
 steps and never past the epoch's end, and the last step Keras reports is the last run.
@@ -38,6 +40,7 @@ import weakref
 
 from strategykit.background import iterator_reaper
 from strategykit.cluster.roles import is_multi_worker
+from strategykit.made import strategies
 from strategykit.pinning.fix import Fix, by_fingerprint, original, resolve
 from strategykit.upstream import steps_per_execution
 
@@ -82,7 +85,8 @@ def _reads_a_source(epoch_iterator) -> bool:
 
 def _enumerate_iterator(self):
     strategy = self._distribute_strategy
-    several_replicas = strategy.num_replicas_in_sync > 1 and not is_multi_worker(strategy)
+    several_replicas = (strategies.is_ours(strategy) and strategy.num_replicas_in_sync > 1
+                        and not is_multi_worker(strategy))
     if self.steps_per_epoch is None:
         source = source_of(self._distributed_dataset)
         if source is not None:

@@ -2,7 +2,9 @@
 
 Keras has no public place for a callback that every fit should get: each builds its
 `keras.callbacks.CallbackList` from the user's list. `add_to_every_fit(make)` makes each
-list built from then on also hold `make()`, unless it holds one of that class already,
+list built from then on for a model of a strategy strategykit made or sharded for
+(`strategykit.made.strategies.sharded_for`) also hold `make()`, unless it holds one of
+that class already,
 through a `Fix` of `CallbackList.__init__` (no upstream issue: Keras has no such hook),
 pinned to the `__init__` it calls on every Keras release of the range. strategykit uses
 it for the training position of its datasets (`strategykit.data.position`) and, under
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import keras
 
+from strategykit.made import strategies
 from strategykit.pinning.fix import Fix, original
 
 _MAKERS: list = []  # functions returning a callback, in the order they were added
@@ -23,7 +26,8 @@ _CALLBACK_LIST = "keras.src.callbacks.callback_list:CallbackList"
 
 
 def add_to_every_fit(make) -> None:
-    """Adds `make()` to every callback list Keras builds from now on; idempotent.
+    """Adds `make()` to every callback list Keras builds from now on for a model of a
+    strategy strategykit made or sharded for; idempotent.
 
     Args:
         make: a function of no arguments returning a `keras.callbacks.Callback`; a
@@ -34,12 +38,18 @@ def add_to_every_fit(make) -> None:
             one strategykit was checked on.
 
     Example:
-        >>> import keras
+        >>> import keras, tensorflow as tf
+        >>> from strategykit.made import strategies
         >>> class Note(keras.callbacks.Callback):
         ...     async_safe = True
+        >>> with strategies.register(tf.distribute.OneDeviceStrategy("/cpu:0")).scope():
+        ...     model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
         >>> add_to_every_fit(Note)
-        >>> any(isinstance(c, Note) for c in keras.callbacks.CallbackList([]).callbacks)
-        True
+        >>> def noted(model):
+        ...     callbacks = keras.callbacks.CallbackList([], model=model).callbacks
+        ...     return any(isinstance(c, Note) for c in callbacks)
+        >>> noted(model), noted(keras.Sequential([keras.layers.Dense(1)]))
+        (True, False)
         >>> remove_from_every_fit(Note)
     """
     if make not in _MAKERS:
@@ -58,6 +68,8 @@ def _init_with_added(self, callbacks=None, add_history=False, add_progbar=False,
                      **params):
     original(keras.callbacks.CallbackList, "__init__")(self, callbacks, add_history,
                                                        add_progbar, model, **params)
+    if model is None or not strategies.sharded_for(model.distribute_strategy):
+        return  # Keras's own list: a model of a strategy strategykit did not make
     for make in _MAKERS:
         callback = make()
         if not any(type(existing) is type(callback) for existing in self.callbacks):
@@ -74,5 +86,7 @@ FIXES = (
         owner=_CALLBACK_LIST, attribute="__init__", replacement=_init_with_added,
         relies_on={f"{_CALLBACK_LIST}.__init__": ("d60508a5b7989a7a",  # Keras 3.8-3.11
                                                   "5d0d38afece9158a")},  # Keras 3.12-3.15
-        refuses_when=lambda *args, **kwargs: bool(_MAKERS)),
+        refuses_when=lambda self, callbacks=None, add_history=False, add_progbar=False,
+        model=None, **params: bool(_MAKERS) and model is not None
+        and strategies.sharded_for(model.distribute_strategy)),
 )

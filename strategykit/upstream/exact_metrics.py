@@ -22,7 +22,8 @@ A padded copy carries a sample weight of negative zero (`strategykit.batches.mar
 adds nothing to a loss, as zero does, and tells the copies from real examples that the
 user weighed 0 (which one device counts in `metrics=`). Full batches (`r` equals the global batch)
 are unchanged: the correction adds zero and the mask keeps every example. Outside a
-replica context, or without sample weights, both hand over to Keras unchanged; so do they,
+replica context of a strategy strategykit made or sharded for, or without sample
+weights, both hand over to Keras unchanged; so do they,
 with a warning, for a model compiled with `steps_per_execution` > 1 on several replicas
 where Keras runs its own loop of several steps (with `steps_per_epoch`, or data of an
 unknown number of steps: TensorFlow cannot all-reduce there). Elsewhere strategykit runs
@@ -43,6 +44,7 @@ import weakref
 import tensorflow as tf
 
 from strategykit.batches import current_step
+from strategykit.made import strategies
 from strategykit.metrics import metric_state
 from strategykit.pinning.fix import Fix, original, resolve
 from strategykit.upstream import steps_per_execution
@@ -52,7 +54,8 @@ _TRAINER = "keras.src.trainers.trainer:Trainer"
 
 
 def _in_replica_context() -> bool:
-    return tf.distribute.has_strategy() and not tf.distribute.in_cross_replica_context()
+    """In a replica step of a strategy of strategykit's: where these fixes apply."""
+    return strategies.in_ours() and not tf.distribute.in_cross_replica_context()
 
 
 _warned_models = weakref.WeakSet()

@@ -10,7 +10,8 @@ and 0.012 (`clipvalue=0.01`) away from one device after 4 steps. tf.keras had th
 gap and refused clipping under a strategy (tensorflow/tensorflow#33929); Keras 3 clips
 silently.
 
-The fix moves the clipping after the all-reduce: under a strategy of several replicas,
+The fix moves the clipping after the all-reduce: under a strategy of several replicas
+that strategykit made or sharded for (`strategykit.made.strategies`),
 in a replica context (`fit()`, a custom `train_step`, `optimizer.apply_gradients` in
 `strategy.run`), `_clip_gradients` hands the gradients on unclipped and
 `_backend_update_step` all-reduces them (`_all_reduce_sum_gradients`, sparse gradients
@@ -28,6 +29,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from strategykit.made import strategies
 from strategykit.pinning.fix import Fix, original, resolve
 
 _TF_OPTIMIZER = "keras.src.backend.tensorflow.optimizer:TFOptimizer"
@@ -48,11 +50,11 @@ def clips(optimizer) -> bool:
 
 
 def _clips_after_all_reduce(optimizer, *args, **kwargs) -> bool:
-    """Clipping, several replicas, a replica context, no accumulation: where upstream
-    clips each replica's gradient before the all-reduce."""
+    """Clipping, several replicas of a strategy of strategykit's, a replica context, no
+    accumulation: where upstream clips each replica's gradient before the all-reduce."""
     context = tf.distribute.get_replica_context()
     return bool(clips(optimizer) and not optimizer.gradient_accumulation_steps
-                and tf.distribute.has_strategy() and context is not None
+                and strategies.in_ours() and context is not None
                 and context.num_replicas_in_sync > 1)
 
 

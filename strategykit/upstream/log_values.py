@@ -16,6 +16,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from strategykit.made import strategies
 from strategykit.pinning.fix import Fix, original, resolve
 
 _PYTHON_UTILS = "keras.src.utils.python_utils"
@@ -34,10 +35,13 @@ def _read_variables(logs):
 
 
 def _read(value):
-    """A Keras or TensorFlow variable's value as a tensor; anything else as it is."""
-    if isinstance(value, keras.Variable):
-        value = value.value
-    return tf.convert_to_tensor(value) if isinstance(value, tf.Variable) else value
+    """The value of a variable of a strategy of strategykit's (a Keras variable's too) as
+    a tensor; anything else as it is, as Keras hands it over."""
+    variable = value.value if isinstance(value, keras.Variable) else value
+    if isinstance(variable, tf.distribute.DistributedValues) and strategies.is_ours(
+            getattr(variable, "distribute_strategy", None)):
+        return tf.convert_to_tensor(variable)
+    return value
 
 
 FIXES = (

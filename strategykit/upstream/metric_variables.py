@@ -25,6 +25,7 @@ import threading
 
 import tensorflow as tf
 
+from strategykit.made import strategies
 from strategykit.pinning.fix import Fix, original, resolve
 
 ISSUE = "keras-team/keras#21061"
@@ -34,7 +35,10 @@ _creating = threading.local()
 
 
 def _add_variable_read_synchronized(self, *args, **kwargs):
-    """Keras's `Metric.add_variable`, its variable marked to be synchronized on read."""
+    """Keras's `Metric.add_variable`, its variable marked to be synchronized on read in
+    the scope of a strategy of strategykit's (Keras's own everywhere else)."""
+    if not strategies.in_ours():
+        return original(resolve(_METRIC), "add_variable")(self, *args, **kwargs)
     _creating.metric = True
     try:
         variable = original(resolve(_METRIC), "add_variable")(self, *args, **kwargs)
@@ -60,9 +64,9 @@ def _initialize(self, value):
 
 
 def _under_several_replicas(*args, **kwargs) -> bool:
-    """Where mirrored metric variables report other numbers: a strategy of several
-    replicas."""
-    return (tf.distribute.has_strategy()
+    """Where mirrored metric variables report other numbers: a strategy of strategykit's
+    of several replicas."""
+    return (strategies.in_ours()
             and tf.distribute.get_strategy().num_replicas_in_sync > 1)
 
 

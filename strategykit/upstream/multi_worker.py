@@ -2,7 +2,8 @@
 
 Under `tf.distribute.MultiWorkerMirroredStrategy` with several workers, Keras 3 (on
 TensorFlow 2.16 and later) fails in two places; both fixes act only there, and hand over
-to Keras's own code under every other strategy and on a single worker:
+to Keras's own code on a single worker and under every strategy strategykit did not make
+(`strategykit.made.strategies`):
 
 * `TensorFlowTrainer._maybe_symbolic_build` builds the model from the first input batch,
   which it reduces over the replicas with `strategy.reduce("MEAN", batch, axis=None)`,
@@ -37,7 +38,7 @@ import keras
 import tensorflow as tf
 
 from strategykit.cluster.roles import is_multi_worker
-from strategykit.made import model_scope
+from strategykit.made import model_scope, strategies
 from strategykit.pinning.fix import Fix, original, resolve
 from strategykit.upstream import epoch_input, steps_per_execution
 
@@ -85,7 +86,16 @@ class _Unknown(Exception):
     """A value whose batch shape its spec does not tell."""
 
 
+def _ours(model, iterator) -> bool:
+    """Whether `model` is of a strategy of strategykit's or fed `sk.shard`'s data."""
+    return strategies.is_ours(model._distribute_strategy) or model_scope.strategy_of(
+        getattr(iterator, "_distributed_dataset", None)) is not None
+
+
 def _build_from_first_replica(self, iterator=None, data_batch=None):
+    if not _ours(self, iterator):
+        return original(resolve(_TRAINER), "_maybe_symbolic_build")(
+            self, iterator=iterator, data_batch=data_batch)
     if type(self).call is keras.Model.call:
         # A model without call() (keras.io's GAN) cannot be built symbolically; as on one
         # device, its layers are built where its train_step first uses them.
@@ -116,13 +126,14 @@ def _build_needs_the_fix(model, iterator=None, data_batch=None) -> bool:
     """Where upstream's build fails (several workers) or would read an example of
     `sk.shard`'s data (its pipeline must start at the training position)."""
     strategy = model._distribute_strategy
-    return data_batch is None and iterator is not None and (
+    return data_batch is None and iterator is not None and _ours(model, iterator) and (
         epoch_input.source_of(getattr(iterator, "_distributed_dataset", None)) is not None
         or (strategy is not None and is_multi_worker(strategy)))
 
 
 def _reduces_across_workers(values, strategy, reduction) -> bool:
-    return reduction in ("auto", "mean") and is_multi_worker(strategy)
+    return (reduction in ("auto", "mean") and strategies.is_ours(strategy)
+            and is_multi_worker(strategy))
 
 
 def _reduce_logs_across_workers(values, strategy, reduction):

@@ -26,15 +26,17 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from strategykit.made import strategies
 from strategykit.pinning.fix import Fix, original, resolve
 
 _BASE_OPTIMIZER = "keras.src.optimizers.base_optimizer:BaseOptimizer"
 
 
 def _in_a_traced_replica_step(*args, **kwargs) -> bool:
-    """Inside a `tf.function`, in the replica context of a strategy: where variables
-    created in the step fail."""
-    return (tf.inside_function() and tf.distribute.has_strategy()
+    """Inside a `tf.function`, in the replica context of a strategy strategykit made or
+    sharded for: where variables created in the step fail (and fail under any other
+    strategy, as upstream)."""
+    return (tf.inside_function() and strategies.in_ours()
             and not tf.distribute.in_cross_replica_context())
 
 

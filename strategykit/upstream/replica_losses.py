@@ -8,6 +8,8 @@ cross-replica call. Where a step all-reduces between the forward pass and readin
 strategykit's exact metrics), every replica reads the terms of the replica traced last,
 and the other replicas' terms are lost, silently (no upstream issue found).
 
+Both apply only under a strategy strategykit made or sharded for.
+
 * `Layer._losses` becomes a property: in a replica context of several replicas each
   replica's thread has a list of its own for the layer; elsewhere it is the layer's own
   list, as before.
@@ -40,6 +42,7 @@ import weakref
 import tensorflow as tf
 
 from strategykit.batches import activity, current_step
+from strategykit.made import strategies
 from strategykit.pinning.fix import Fix, UnknownUpstreamCode, fingerprint
 from strategykit.pinning.pinned_access import PinnedAccess
 
@@ -48,8 +51,10 @@ _per_thread = threading.local()  # MirroredStrategy traces each replica in its o
 
 
 def several_replicas_tracing() -> bool:
-    """Whether the caller runs in a replica context of more than one replica."""
-    return (tf.distribute.has_strategy() and not tf.distribute.in_cross_replica_context()
+    """Whether the caller runs in a replica context of more than one replica, of a
+    strategy strategykit made or sharded for (`strategykit.made.strategies`): where
+    these fixes and `reported_losses` apply."""
+    return (strategies.in_ours() and not tf.distribute.in_cross_replica_context()
             and tf.distribute.get_strategy().num_replicas_in_sync > 1)
 
 

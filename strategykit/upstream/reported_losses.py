@@ -9,6 +9,9 @@ self.compute_loss(...)` or `loss = self.loss_fn(...)`, then
 `self.loss_tracker.update_state(loss)`) adds the scaled value, and reports 1/N of the
 loss, under plain `tf.distribute` too (no upstream issue found).
 
+Under a strategy strategykit made or sharded for (`several_replicas_tracing`; Keras's own
+everywhere else):
+
 * `scale_loss_for_distribution` and `Trainer.compute_loss` mark the scaled loss they
   return (an attribute on the tensor; the value is unchanged, gradients too);
 * `Mean.update_state` multiplies a marked value by N before it adds it: the mean of the

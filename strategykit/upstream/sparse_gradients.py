@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from strategykit.made import strategies
 from strategykit.pinning.fix import Fix, original, resolve
 
 _TF_OPTIMIZER = "keras.src.backend.tensorflow.optimizer:TFOptimizer"
@@ -95,9 +96,10 @@ def _shared_positions(grads_and_vars) -> list[int]:
 
 
 def _applies(optimizer, grads_and_vars) -> bool:
-    """Several replicas, in a replica context, and a sparse gradient."""
+    """Several replicas of a strategy of strategykit's, in a replica context, and a
+    sparse gradient."""
     context = tf.distribute.get_replica_context()
-    return bool(tf.distribute.has_strategy() and context is not None
+    return bool(strategies.in_ours() and context is not None
                 and context.num_replicas_in_sync > 1
                 and any(isinstance(grad, tf.IndexedSlices) for grad, _ in grads_and_vars))
 

@@ -18,9 +18,11 @@ Optional and no cond:
   Keras's `strategy.run(step) + reduce_per_replica(..., "auto")`. Anything else goes to
   the function Keras built.
 
-Every step function Keras builds (K = 1 too) runs its steps publishing their batch
+Every step function Keras builds (K = 1 too) for a model of a strategy strategykit made
+or sharded for (`strategykit.made.strategies`) runs its steps publishing their batch
 (`strategykit.batches.current_step`), so the layers a step calls know which of its
-examples are real.
+examples are real; any other model's step is Keras's own (only `sk.shard`'s data, read
+by `epoch_input`, ever hands it a `Steps`).
 Where the model's `jit_compile` is on under several replicas, each replica's step is
 compiled and Keras's function is built without whole-step XLA
 (`strategykit.xla.replica_steps`, keras-team/keras#19005).
@@ -36,6 +38,7 @@ import contextlib
 import tensorflow as tf
 
 from strategykit.batches import current_step
+from strategykit.made import strategies
 from strategykit.pinning.fix import Fix, original, resolve
 from strategykit.xla import replica_steps as xla_steps
 
@@ -121,12 +124,14 @@ def _own_loop():
 
 
 def _several_steps_on_several_replicas(model, step_function) -> bool:
-    return (model.steps_per_execution > 1
-            and model.distribute_strategy.num_replicas_in_sync > 1)
+    strategy = model.distribute_strategy
+    return (model.steps_per_execution > 1 and strategies.is_ours(strategy)
+            and strategy.num_replicas_in_sync > 1)
 
 
 def _make_function(self, step_function):
-    step_function = current_step.publishing(step_function)  # every step, K == 1 too
+    if strategies.is_ours(self.distribute_strategy):
+        step_function = current_step.publishing(step_function)  # every step, K == 1 too
     if xla_steps.compiles_each_replica(self):
         step_function = xla_steps.compiling_each_replica(step_function)
     with xla_steps.building_without_whole_step_xla(self):

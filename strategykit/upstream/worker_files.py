@@ -7,14 +7,16 @@ workers' writes to temporary directories; Keras 3 has nothing of the kind. These
 give each of the three callbacks a `set_model` (Keras calls it at the start of every
 `fit()`, `evaluate()` and `predict()`) that points the callback's path attribute at
 `strategykit.cluster.chief_files.writable_path(...)` first: the user's path on the chief, a
-scratch path on every other worker. Under any other strategy, and on the chief, the
-path stays what the user gave. The user's callback list stays as on one machine.
+scratch path on every other worker. On the chief, under any other strategy of
+strategykit's and under every strategy strategykit did not make, the path stays what the
+user gave. The user's callback list stays as on one machine.
 """
 
 from __future__ import annotations
 
 from strategykit.cluster.chief_files import writable_path
 from strategykit.cluster.roles import is_multi_worker
+from strategykit.made import strategies
 from strategykit.pinning.fix import Fix, original, resolve
 
 _CALLBACKS = "keras.src.callbacks"
@@ -33,8 +35,9 @@ _PATH_ATTRIBUTES = {
 
 def _redirecting_set_model(owner: str, attribute: str):
     def set_model(self, model):
-        setattr(self, attribute, writable_path(getattr(self, attribute),
-                                               model.distribute_strategy))
+        if strategies.is_ours(model.distribute_strategy):
+            setattr(self, attribute, writable_path(getattr(self, attribute),
+                                                   model.distribute_strategy))
         return original(resolve(owner), "set_model")(self, model)
 
     set_model.__qualname__ = f"{owner.rpartition(':')[2]}.set_model"
@@ -42,7 +45,8 @@ def _redirecting_set_model(owner: str, attribute: str):
 
 
 def _across_workers(callback, model) -> bool:
-    return is_multi_worker(model.distribute_strategy)
+    strategy = model.distribute_strategy
+    return strategies.is_ours(strategy) and is_multi_worker(strategy)
 
 
 FIXES = tuple(

@@ -11,6 +11,7 @@ layer supports XLA, off without a GPU. Checked on Keras 3.8.0 to 3.15.1.
 
 from __future__ import annotations
 
+from strategykit.made import strategies
 from strategykit.pinning.fix import Fix, original, resolve
 from strategykit.xla.replica_steps import has_accelerator
 
@@ -19,7 +20,8 @@ _TRAINER = "keras.src.trainers.trainer:Trainer"
 
 
 def _resolve_auto_jit_compile(self):
-    if self.distribute_strategy.num_replicas_in_sync == 1:
+    strategy = self.distribute_strategy
+    if not strategies.is_ours(strategy) or strategy.num_replicas_in_sync == 1:
         return original(resolve(_TRAINER), "_resolve_auto_jit_compile")(self)
     if not has_accelerator():
         return False  # Keras's choice for one device too: no XLA on CPU-only machines

@@ -31,15 +31,18 @@ import threading
 
 import tensorflow as tf
 
+from strategykit.made import strategies
+
 _scopes: dict = {}  # graph -> [replicas inside, the entered jit_scope]
 _lock = threading.Lock()
 
 
 def compiles_each_replica(model) -> bool:
     """Whether `model`'s steps compile per replica: `jit_compile` on (True, or "auto"
-    resolved to True), not eager, on a strategy of several replicas."""
+    resolved to True), not eager, on a strategy of strategykit's of several replicas."""
+    strategy = model.distribute_strategy
     return (not model.run_eagerly and model.jit_compile is True
-            and model.distribute_strategy.num_replicas_in_sync > 1)
+            and strategies.is_ours(strategy) and strategy.num_replicas_in_sync > 1)
 
 
 @contextlib.contextmanager
@@ -125,6 +128,8 @@ def auto_xla(strategy) -> str:
 
     Example:
         >>> import tensorflow as tf
+
+from strategykit.made import strategies
         >>> auto_xla(tf.distribute.get_strategy()) in ("off", "whole step")
         True
     """

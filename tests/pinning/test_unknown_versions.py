@@ -7,11 +7,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import strategykit as sk
 from strategykit import upstream
 from strategykit.cli import info
 from strategykit.pinning import fix as fix_module
-
-from conftest import cpu_devices
 
 _PINNED = "keras.src.optimizers.base_optimizer:BaseOptimizer"
 
@@ -80,7 +79,7 @@ def test_an_unknown_version_warns_once_in_one_line_naming_what_refuses(unseen_ke
 def test_the_affected_feature_refuses_and_the_rest_trains_as_one_device(unseen_keras):
     with pytest.warns(upstream.UpstreamVersionWarning):
         upstream.install()
-    strategy = tf.distribute.MirroredStrategy(cpu_devices(2))
+    strategy = sk.mirrored(replicas=2)  # a strategy of strategykit's: where its fixes act
     with pytest.raises(upstream.UnknownUpstreamCode, match=(
             r"strategykit cannot make gradient_accumulation_steps under a tf.distribute "
             rf"strategy work on TensorFlow {tf.__version__} \+ Keras {keras.__version__}: "

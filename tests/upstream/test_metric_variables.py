@@ -5,14 +5,13 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+import strategykit as sk
 from strategykit import upstream
-
-from conftest import cpu_devices
 
 
 def test_metric_variables_are_read_synchronized_and_layer_weights_mirrored():
     upstream.install()
-    strategy = tf.distribute.MirroredStrategy(cpu_devices(2))
+    strategy = sk.mirrored(replicas=2)
     with strategy.scope():
         metric = keras.metrics.Mean()
         layer = keras.layers.Dense(1)
@@ -34,7 +33,7 @@ def test_a_mean_of_different_labels_on_each_replica_equals_one_devices():
         def update_state(self, y_true, y_pred, sample_weight=None):
             return super().update_state(y_true)
 
-    strategy = tf.distribute.MirroredStrategy(cpu_devices(2))
+    strategy = sk.mirrored(replicas=2)
     with strategy.scope():
         model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(
             1, kernel_initializer="zeros", bias_initializer="zeros")])
