@@ -2,15 +2,23 @@
 
 import importlib
 import sys
+import warnings
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
 import strategykit as sk
-from strategykit.data.tfds_input import prepared_builder, tfds_examples
+from strategykit.data.tfds_input import (
+    pipeline_sizes,
+    prepared_builder,
+    split_by_example,
+    tfds_examples,
+)
 
+from conftest import progress_lines
 from workers import run_workers
 
 EXAMPLES = 22
@@ -139,6 +147,130 @@ def test_labels_follow_their_examples(make_strategy, data_dir):
             np.testing.assert_array_equal(yr.numpy(), xr.numpy() % 3)
 
 
+def test_each_pipeline_knows_its_examples(data_dir):
+    # TFDS forgets the count given an input_context; the split's file instructions keep
+    # it, sliced splits too (the toy's files hold 6, 5, 5, 6; train[:80%] 6, 5, 5, 2).
+    builder = prepared_builder("sharding_toy", data_dir)
+    for split, pipelines in (("train", 1), ("train", 2), ("train[:80%]", 1),
+                             ("train[:80%]", 2), ("train", 4)):
+        sizes = pipeline_sizes(builder, split, pipelines)
+        for index, size in enumerate(sizes):
+            context = tf.distribute.InputContext(
+                num_input_pipelines=pipelines, input_pipeline_id=index)
+            examples = tfds_examples(builder, split, context)
+            assert sum(1 for _ in examples) == size, (split, pipelines, index)
+            # stated where every pipeline reads as many, so every worker counts alike
+            stated = size if len(set(sizes)) == 1 else tf.data.UNKNOWN_CARDINALITY
+            assert int(examples.cardinality()) == stated, (split, pipelines, index)
+    assert pipeline_sizes(builder, "train", 2) == [11, 11]
+    assert pipeline_sizes(builder, "train[:80%]", 2) == [11, 7]
+
+
+class _Steps(keras.callbacks.Callback):
+    """The steps of an epoch as Keras sees them (its progress bar's N)."""
+
+    def on_train_begin(self, logs=None):
+        self.steps = self.params["steps"]
+
+
+def _id_regressor():
+    return keras.Sequential([
+        keras.Input((), dtype="int64"),
+        keras.layers.CategoryEncoding(num_tokens=EXAMPLES, output_mode="one_hot"),
+        keras.layers.Dense(2, activation="tanh",
+                           kernel_initializer=keras.initializers.GlorotUniform(seed=1)),
+        keras.layers.Dense(1, kernel_initializer=keras.initializers.GlorotUniform(seed=2)),
+    ])
+
+
+def _compiled(model):
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    return model
+
+
+def _no_ran_out_warning(caught):
+    assert not [str(w.message) for w in caught if "ran out of data" in str(w.message)]
+
+
+@pytest.mark.parametrize(("replicas", "split", "steps"),
+                         [(2, "train", 3), (4, "train[:80%]", 3)])
+def test_keras_sees_the_steps_and_trains_as_one_device(make_strategy, data_dir, float64,
+                                                       capsys, replicas, split, steps):
+    # 22 (or 18) examples by 8: a padded final step. Keras is told the steps, so the bar
+    # counts to N/N, and with steps_per_epoch (keras.io's TFDS recipes) no epoch runs out
+    # of data; both train as one device on the global batch.
+    strategy = make_strategy(replicas)
+    builder = prepared_builder("sharding_toy", data_dir)
+    ids, labels = (np.array(part) for part in zip(*[
+        (int(i), float(y)) for i, y in tfds_examples(builder, split)]))  # TFDS's order
+    reference = _compiled(_id_regressor())
+    reference.fit(ids, labels, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    with strategy.scope():
+        model = _compiled(_id_regressor())
+    initial = model.get_weights()
+    for fit_options in ({}, {"steps_per_epoch": steps}):
+        model.set_weights(initial)
+        seen = _Steps()
+        ds = sk.shard_tfds("sharding_toy", split, strategy, global_batch_size=8,
+                           data_dir=data_dir)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model.fit(ds, epochs=2, shuffle=False, verbose=1, callbacks=[seen], **fit_options)
+        _no_ran_out_warning(caught)
+        assert seen.steps == steps
+        bars = progress_lines(capsys.readouterr().out)
+        assert bars and not [bar for bar in bars if "Unknown" in bar]
+        assert [bar.split(" ")[0] for bar in bars].count(f"{steps}/{steps}") == 2
+        for got, want in zip(model.get_weights(), reference.get_weights()):
+            np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_shard_tfds_under_mock_data(make_strategy):
+    # Users test their pipelines with tfds.testing.mock_data, which mocks every dataset
+    # (nothing prepared, no files, any split): sk.shard_tfds reads the mocked examples,
+    # of the mock's size, and its data outlives the mock, as tfds.load's does.
+    strategy = make_strategy(2)
+    with tfds.testing.mock_data(num_examples=10):
+        ds = sk.shard_tfds("mnist", "train", strategy, global_batch_size=4,
+                           data_dir="/nonexistent/tfds")
+        labels = [int(y) for _, y in tfds.load("mnist", split="train", as_supervised=True)]
+        assert int(ds.cardinality) == 3  # 10 = 4 + 4 + 2, padded
+        sliced = sk.shard_tfds("mnist", "train[:50%]", strategy, global_batch_size=4)
+        assert int(sliced.cardinality) == 3  # the mock ignores slices, as tfds.load does
+    got = []
+    for _, y, weight in ds:
+        for yr, wr in zip(strategy.experimental_local_results(y),
+                          strategy.experimental_local_results(weight)):
+            got += [int(label) for label, w in zip(yr.numpy(), wr.numpy().ravel())
+                    if not (w == 0 and np.signbit(w))]  # not the padded copies
+    assert got == labels  # every mocked example once, in the mock's order
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((28, 28, 1)), keras.layers.Flatten(),
+                                  keras.layers.Rescaling(1 / 255), keras.layers.Dense(10)])
+        model.compile(optimizer="sgd",
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    seen = _Steps()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        history = model.fit(ds, epochs=2, shuffle=False, verbose=0, callbacks=[seen])
+    _no_ran_out_warning(caught)
+    assert seen.steps == 3 and np.all(np.isfinite(history.history["loss"]))
+
+
+def test_mocked_examples_are_split_by_example_over_pipelines():
+    # The mock has no files to give each worker its own: each pipeline takes every n-th
+    # example, with a count only when all get as many (every worker the same steps).
+    for size, known in ((10, True), (9, False)):
+        parts = [list(split_by_example(tf.data.Dataset.range(size), tf.distribute.InputContext(
+            num_input_pipelines=2, input_pipeline_id=index))) for index in range(2)]
+        assert sorted(int(i) for part in parts for i in part) == list(range(size))
+        assert not {int(i) for i in parts[0]} & {int(i) for i in parts[1]}
+        cardinality = int(split_by_example(tf.data.Dataset.range(size),
+                                           tf.distribute.InputContext(2, 0)).cardinality())
+        assert cardinality == (5 if known else tf.data.UNKNOWN_CARDINALITY)
+    assert int(split_by_example(tf.data.Dataset.range(9), None).cardinality()) == 9
+
+
 def test_errors(make_strategy, data_dir, tmp_path):
     strategy = make_strategy(2)
     with pytest.raises(ValueError, match=r"Unknown TFDS dataset 'no_such_toy'.*"
@@ -162,19 +294,29 @@ def test_errors(make_strategy, data_dir, tmp_path):
 
 _ACROSS_WORKERS = """
 import json, sys
+import keras
 import strategykit as sk
 
 strategy = sk.from_env()
 ds = sk.shard_tfds("sharding_toy", "train", strategy, global_batch_size=4,
                    data_dir=sys.argv[1])
-print(json.dumps([step[0] for step in sk.replica_batches(ds, strategy)]))
+with strategy.scope():
+    model = keras.Sequential([keras.Input(()), keras.layers.Reshape((1,)),
+                              keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+history = model.fit(ds, epochs=2, shuffle=False, verbose=0)
+print(json.dumps({"batches": [step[0] for step in sk.replica_batches(ds, strategy)],
+                  "cardinality": int(ds.cardinality), "steps": history.params["steps"]}))
 """
 
 
 def test_shard_tfds_across_two_workers_gives_every_example_once(data_dir, tmp_path):
-    # Each worker reads its own files: 2 of the 4.
-    first, second = (w.last_json() for w in run_workers(_ACROSS_WORKERS, 2, args=[data_dir],
-                                                         tmp_path=tmp_path))
+    # Each worker reads its own files: 2 of the 4, 11 examples each (6 + 5, 5 + 6), so
+    # both count 6 steps of 2 (the last padded), and Keras is told them on both.
+    ended = [w.last_json() for w in run_workers(_ACROSS_WORKERS, 2, args=[data_dir],
+                                                tmp_path=tmp_path)]
+    assert [(w["cardinality"], w["steps"]) for w in ended] == [(6, 6), (6, 6)]
+    first, second = (w["batches"] for w in ended)
     assert len(first) == len(second)  # the same steps on both: no replica left waiting
     seen = [i for worker in (first, second) for step in worker for i in step]
     assert sorted(seen) == list(range(EXAMPLES))
