@@ -192,6 +192,15 @@ def shard_tfds(
     `model.predict` of the result returns one row per example in the split's order, on
     one worker and with `shuffle=False` (otherwise it refuses: no such order is known).
 
+    Keras is told the steps of an epoch, counted from the split's metadata (TFDS itself
+    forgets them when each worker reads its own files): the progress bar counts to
+    `N/N`, with or without `steps_per_epoch`. Across workers that holds when every
+    worker's files hold as many examples; otherwise each worker reads its own to the end.
+
+    Under `tfds.testing.mock_data` it reads the mocked examples (`num_examples` of
+    them, whatever the split; `data_dir` is ignored, as by the mock), and the dataset
+    stays usable after the `with` block; across workers each takes every `n`-th one.
+
     Args:
         name: the TFDS name, e.g. `"mnist"`.
         split: the split, e.g. `"train"` or `"train[:80%]"`.
@@ -219,6 +228,16 @@ def shard_tfds(
         >>> strategy = sk.mirrored(replicas=2)  # doctest: +SKIP
         >>> ds = sk.shard_tfds("mnist", "train", strategy, global_batch_size=64,
         ...                    data_dir="/data/tfds", shuffle=True, seed=0)  # doctest: +SKIP
+        >>> int(ds.cardinality)  # 60000 / 64, the last step padded  # doctest: +SKIP
+        938
+
+        In a test, on mocked data:
+
+        >>> import tensorflow_datasets as tfds
+        >>> with tfds.testing.mock_data(num_examples=10):  # doctest: +SKIP
+        ...     ds = sk.shard_tfds("mnist", "train", strategy, global_batch_size=4)
+        >>> int(ds.cardinality)  # doctest: +SKIP
+        3
     """
     for argument, value in (("name", name), ("split", split)):
         if not isinstance(value, str):
