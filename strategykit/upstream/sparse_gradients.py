@@ -31,6 +31,9 @@ Not covered, as one device's slices cannot be known there: indices that depend o
 data only through a shape not known when the step is traced (a sequence length of
 `None`: `ops.arange(ops.shape(x)[1])`), and one variable looked up both per example and
 with shared indices (tied token and position tables): these concatenate, as upstream.
+Gradients of several dtypes (Keras's float32 LoRA kernels in a float64 model) are
+reduced one dtype at a time: TensorFlow's collective all-reduce concatenates them into
+one tensor and fails (`ConcatV2` of float32 and float64), under any strategy.
 Checked on Keras 3.8.0 to 3.15.1 with TensorFlow 2.18.1 to 2.21.0.
 """
 
@@ -107,7 +110,7 @@ def _applies(optimizer, grads_and_vars) -> bool:
 def _all_reduce_sum_gradients(self, grads_and_vars):
     """Keras's all-reduce, with the values of shared-index slices summed densely."""
     grads_and_vars = list(grads_and_vars)
-    reduce = original(resolve(_TF_OPTIMIZER), "_all_reduce_sum_gradients")
+    reduce = _each_dtype_apart(original(resolve(_TF_OPTIMIZER), "_all_reduce_sum_gradients"))
     if not _applies(self, grads_and_vars):
         return reduce(self, grads_and_vars)
     shared = _shared_positions(grads_and_vars)
@@ -117,6 +120,24 @@ def _all_reduce_sum_gradients(self, grads_and_vars):
     return [(_slices_like(grads_and_vars[i][0], reduced_grad, summed=i in shared), var)
             if isinstance(grads_and_vars[i][0], tf.IndexedSlices) else (reduced_grad, var)
             for i, (reduced_grad, var) in enumerate(reduced)]
+
+
+def _each_dtype_apart(reduce):
+    """`reduce`, called once per gradient dtype where there are several: TensorFlow's
+    collective all-reduce concatenates a list into one tensor and fails on mixed dtypes
+    (`ConcatV2 ... float32, float64`: Keras's float32 LoRA kernels in a float64 model)."""
+    def reduced(optimizer, grads_and_vars):
+        dtypes = list(dict.fromkeys(g.dtype for g, _ in grads_and_vars if g is not None))
+        if len(dtypes) < 2 or tf.distribute.get_replica_context() is None:
+            return reduce(optimizer, grads_and_vars)
+        result = list(grads_and_vars)
+        for dtype in dtypes:
+            where = [i for i, (g, _) in enumerate(grads_and_vars)
+                     if g is not None and g.dtype == dtype]
+            for i, pair in zip(where, reduce(optimizer, [grads_and_vars[i] for i in where])):
+                result[i] = pair
+        return result
+    return reduced
 
 
 def _slices_like(slices: tf.IndexedSlices, reduced, *, summed: bool) -> tf.IndexedSlices:

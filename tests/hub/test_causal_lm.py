@@ -7,6 +7,10 @@ replica's own input pipeline. 21 texts (a full batch, then a final batch of 5, p
 2, 1, 1 and 1 real texts on the replicas), float64, against one device on the same global
 batches, run eagerly (the same computation untraced): weights and `fit()`'s numbers
 (`evaluate()` of sk.shard data on keras-hub models: tests/hub/test_text_classifier.py).
+Fine-tuned with LoRA too, as keras-hub's LoRA guide does (`backbone.enable_lora(rank=4)`,
+AdamW without weight decay on biases and scales): Keras makes the LoRA kernels float32
+in a float64 model, and their gradients' dtype beside the others' failed TensorFlow's
+all-reduce on 4 replicas (`strategykit.upstream.sparse_gradients`).
 """
 
 import keras
@@ -29,7 +33,7 @@ TOKENS = ["<|endoftext|>", *sorted(set("".join(WORDS)) | {"Ġ"}),
           *(merge.replace(" ", "") for merge in MERGES)]
 
 
-def _causal_lm(strategy):
+def _causal_lm(strategy, lora: bool = False):
     with strategy.scope():
         keras.utils.set_random_seed(0)
         tokenizer = keras_hub.models.GPT2Tokenizer(
@@ -40,8 +44,13 @@ def _causal_lm(strategy):
         model = keras_hub.models.GPT2CausalLM(
             backbone, keras_hub.models.GPT2CausalLMPreprocessor(tokenizer,
                                                                 sequence_length=LENGTH))
-        # keras-hub's recipes: AdamW, the global gradient clipped (0.1: small enough to act)
-        model.compile(optimizer=keras.optimizers.AdamW(1e-2, global_clipnorm=0.1),
+        if lora:  # keras-hub's LoRA guide
+            model.backbone.enable_lora(rank=4)
+            optimizer = keras.optimizers.AdamW(learning_rate=1e-2, weight_decay=0.01)
+            optimizer.exclude_from_weight_decay(var_names=["bias", "scale"])
+        else:  # keras-hub's recipes: AdamW, the global gradient clipped (0.1: acts)
+            optimizer = keras.optimizers.AdamW(1e-2, global_clipnorm=0.1)
+        model.compile(optimizer=optimizer,
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                       weighted_metrics=["accuracy"], run_eagerly=reference_runs_eagerly())
     return model
@@ -52,8 +61,8 @@ def _texts(examples, seed):
     return np.array([" ".join(rng.choice(WORDS, rng.integers(1, 6))) for _ in range(examples)])
 
 
-def _fine_tuned(strategy, sharded: bool):
-    model = _causal_lm(strategy)
+def _fine_tuned(strategy, sharded: bool, lora: bool = False):
+    model = _causal_lm(strategy, lora)
     train = _texts(TRAIN, 1)
     if sharded:
         train = {"x": sk.shard(train, strategy, global_batch_size=GLOBAL_BATCH)}
@@ -66,3 +75,15 @@ def test_fine_tuning_a_causal_lm_on_four_replicas_equals_one_device(float64):
     one, one_history = _fine_tuned(tf.distribute.get_strategy(), sharded=False)
     model, history = _fine_tuned(sk.mirrored(cpu_devices(4)), sharded=True)
     assert_same_as_one_device(model, one, history, one_history)
+
+
+def test_lora_fine_tuning_in_float64_on_four_replicas_equals_one_device(float64):
+    one, one_history = _fine_tuned(tf.distribute.get_strategy(), sharded=False, lora=True)
+    model, history = _fine_tuned(sk.mirrored(cpu_devices(4)), sharded=True, lora=True)
+    trained = {weight.path: weight.dtype for weight in model.trainable_weights}
+    assert trained and all("lora_kernel" in path or path.endswith("bias")
+                           or "layer_norm" in path for path in trained)
+    assert {"float32", "float64"} <= set(trained.values())  # Keras's LoRA kernels float32
+    # float32 rounding: each replica's LoRA gradient is rounded before the sum, one
+    # device's once (3.7e-9 here)
+    assert_same_as_one_device(model, one, history, one_history, atol=1e-7, rtol=1e-9)
