@@ -18,7 +18,10 @@ final batch stays exact also where the preprocessor makes the labels and weights
 causal LM's next tokens and padding mask). The remade data goes to Keras's own
 `fit()`/`evaluate()`/`predict()`. `validation_data` beside `sk.shard` training data
 must be `sk.shard` data too (other data is refused, naming the fix), and `sk.shard`
-validation data beside other training data is refused.
+validation data beside other training data is refused. `CausalLM.generate()` given
+`sk.shard` data (its preprocessor tokenized the distributed dataset: "Input should be a
+string") refuses before anything runs, naming the fix: the prompts themselves (keras-hub
+generates batch by batch, not split over replicas).
 Every other call goes to keras-hub's own code unchanged.
 
 The fixes wait for keras-hub: strategykit does not import it (`Fix.package`), and
@@ -33,6 +36,7 @@ from strategykit.made.remade_data import options_of, remaker_of
 from strategykit.pinning.fix import Fix, original, resolve
 
 _PIPELINE_MODEL = "keras_hub.src.utils.pipeline_model:PipelineModel"
+_CAUSAL_LM = "keras_hub.src.models.causal_lm:CausalLM"
 
 
 def _sharded(data) -> bool:
@@ -114,21 +118,34 @@ def _predict(self, x=None, batch_size=None, **kwargs):
     return keras.Model.predict(self, x=_preprocessed(self, x), **kwargs)
 
 
+def _generate(self, inputs, *args, **kwargs):
+    """keras-hub's `CausalLM.generate`; `sk.shard` data is refused, naming the fix."""
+    if _sharded(inputs):
+        raise ValueError(
+            "generate() of a keras-hub model takes the prompts themselves, not sk.shard "
+            "data: its preprocessor tokenizes strings, and generate() does not split its "
+            f"batches over replicas. Received: inputs of type {type(inputs).__name__} "
+            "(sk.shard data). Pass the prompts: model.generate(prompts), a string, a list "
+            "of strings, or a batched tf.data.Dataset of them.")
+    return original(resolve(_CAUSAL_LM), "generate")(self, inputs, *args, **kwargs)
+
+
 def _on_sharded_data(model, x=None, *args, validation_data=None, **kwargs) -> bool:
     return _sharded(x) or _sharded(validation_data)
 
 
-def _fix(attribute: str, replacement, fingerprints: tuple) -> Fix:
+def _fix(attribute: str, replacement, fingerprints: tuple, owner=_PIPELINE_MODEL) -> Fix:
     return Fix(
         issue="keras-team/keras-hub (unreported)",
         affects="keras-hub models on sk.shard data",
-        owner=_PIPELINE_MODEL,
+        owner=owner,
         attribute=attribute,
         replacement=replacement,
         relies_on={
             # replaced: maps preprocess_samples over the batches of x, then Keras's own
-            # (0.16.1 to 0.31.1; 0.32.0, which adds grain datasets)
-            f"{_PIPELINE_MODEL}.{attribute}": fingerprints,
+            # (0.16.1 to 0.31.1; 0.32.0, which adds grain datasets); generate: hands its
+            # inputs to the preprocessor as one batch of prompts
+            f"{owner}.{attribute}": fingerprints,
         },
         refuses_when=_on_sharded_data,
         package="keras_hub",
@@ -139,4 +156,7 @@ FIXES = (
     _fix("fit", _fit, ("cf5f8c20b09000e7", "fc3edaa1ca4fd5df")),
     _fix("evaluate", _evaluate, ("4e0a3a8844cc36f8", "7b46944a88f6f20e")),
     _fix("predict", _predict, ("bafa936cc53051b1", "b8bfea9c93e98762")),
+    _fix("generate", _generate, (  # 0.18.0 to 0.18.1, 0.19.0 to 0.29.0, to 0.30.0, on
+        "690a63cd0ec16f0f", "1e2b4ffbf8d2854b", "a44eac6824af370e", "36dd3bb2f1c96270"),
+        owner=_CAUSAL_LM),
 )

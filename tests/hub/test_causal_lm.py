@@ -87,3 +87,17 @@ def test_lora_fine_tuning_in_float64_on_four_replicas_equals_one_device(float64)
     # float32 rounding: each replica's LoRA gradient is rounded before the sum, one
     # device's once (3.7e-9 here)
     assert_same_as_one_device(model, one, history, one_history, atol=1e-7, rtol=1e-9)
+
+
+def test_generate_given_sk_shard_data_refuses_naming_the_prompts_as_the_fix():
+    strategy = sk.mirrored(cpu_devices(4))
+    model = _causal_lm(strategy)
+    prompts = _texts(6, 2).tolist()  # keras-hub's tokenizers take no numpy array
+    with pytest.raises(ValueError, match=(
+            r"generate\(\) of a keras-hub model takes the prompts themselves, not sk.shard "
+            r"data.*Received: inputs of type \w+ \(sk.shard data\). Pass the prompts: "
+            r"model.generate\(prompts\)")):
+        model.generate(sk.shard(prompts, strategy, global_batch_size=4), max_length=LENGTH)
+    # the fix: the prompts themselves, generated as one device generates them
+    one = _causal_lm(tf.distribute.get_strategy())
+    assert model.generate(prompts, max_length=LENGTH) == one.generate(prompts, max_length=LENGTH)
