@@ -10,7 +10,10 @@ the transfer-learning idiom (`base_model.trainable = True` after training the he
 works on the converted model. Otherwise (a model built outside the scope it is
 converted in) it is cloned into the scope with `keras.models.clone_model(recursive=True)`,
 every weight copied exactly and every trainable flag restored, and a warning names the
-nested models whose old references no longer reach the converted model.
+nested models whose old references no longer reach the converted model. A subclass of
+Functional (keras-hub's Task models) is made anew from its config instead, of its own
+class, its weightless layers (a Task's preprocessor) shared: `clone_model` would return a
+plain Functional model without them.
 `synchronized=False` goes the other way, for export to environments without strategykit.
 """
 
@@ -75,8 +78,9 @@ def convert_sync_batchnorm(model: keras.Model, *, synchronized: bool = True) -> 
         ValueError: `model` is not a Keras 3 model (a Keras 2 model from tf_keras, or
             `tf.keras` under `TF_USE_LEGACY_KERAS=1`, included), is (or contains) a
             subclassed model with batch norm layers that must be copied (built outside
-            the current strategy's scope), or uses batch renormalization
-            (`renorm=True`).
+            the current strategy's scope), is a subclass of Functional that must be
+            copied and cannot be made anew from its config, or uses batch
+            renormalization (`renorm=True`).
 
     Example:
         >>> import keras, strategykit as sk
@@ -178,8 +182,12 @@ def _converted_copy(model, synchronized: bool):
             return target.from_config(config)
         return layer.__class__.from_config(layer.get_config())
 
-    converted = keras.models.clone_model(
-        model, input_tensors=_named_inputs(model), clone_function=clone_layer, recursive=True)
+    if _is_keras_own_model(model):
+        converted = keras.models.clone_model(
+            model, input_tensors=_named_inputs(model), clone_function=clone_layer,
+            recursive=True)
+    else:
+        converted = _rebuilt(model)
     if model.compiled and not converted.compiled:  # Keras 3.8 compiles no Sequential clone
         converted.compile_from_config(model.get_compile_config())
     _copy_state(model, converted)
@@ -196,6 +204,33 @@ def _converted_copy(model, synchronized: bool):
             "strategy.scope() to convert it in place.",
             UserWarning, stacklevel=3)
     return converted
+
+
+def _is_keras_own_model(model) -> bool:
+    """A Sequential or Functional model of Keras's own class, which `clone_model` copies
+    as it is (the copy of a subclass of them would be a plain Functional model)."""
+    return type(model).__module__.split(".")[0] == "keras"
+
+
+def _rebuilt(model):
+    """A subclass of Functional (keras-hub's Tasks: `ResNetImageClassifier`, ...) made
+    anew from its config, of its own class, in the current scope. Its layers that hold no
+    weights (a Task's preprocessor: its tokenizer's vocabulary is no part of its config)
+    are shared with the original; its weights are copied after."""
+    config = model.get_config()
+    for name in config:
+        held = getattr(model, name, None)
+        if isinstance(held, keras.layers.Layer) and not held.weights:
+            config[name] = held
+    try:
+        return type(model).from_config(config)
+    except Exception as error:  # a subclass that cannot be made anew from its config
+        raise ValueError(
+            f"convert_sync_batchnorm cannot copy the model {model.name!r} "
+            f"({type(model).__name__}) into the current strategy's scope: its variables "
+            "were created outside it, and the class cannot be made anew from its "
+            f"get_config(). Received: {type(error).__name__}: {error}. Build the model "
+            "inside strategy.scope() to convert it in place.") from error
 
 
 def _is_graph_model(model) -> bool:
