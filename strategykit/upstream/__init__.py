@@ -17,8 +17,10 @@ Nothing else in strategykit touches private Keras or TensorFlow code.
 
 `install()` installs every fix. `sk.mirrored()` and `sk.from_env()` call it when they
 build a strategy, and `sk.shard()` when it shards data, so the fixes are active under
-every strategy strategykit builds or shards for;
-importing strategykit alone changes nothing in Keras. A fix that must replace several
+every strategy strategykit builds or shards for, and only there: each asks
+`strategykit.made.strategies` (or whether the data is `sk.shard`'s) before it changes
+anything, so a model of any other strategy, or on one device, runs Keras's own code.
+Importing strategykit alone changes nothing in Keras. A fix that must replace several
 attributes is several `Fix` entries naming the same issue.
 
 Each module's docstring says what it fixes or pins, its upstream issue and the versions

@@ -31,9 +31,10 @@ Not covered, as one device's slices cannot be known there: indices that depend o
 data only through a shape not known when the step is traced (a sequence length of
 `None`: `ops.arange(ops.shape(x)[1])`), and one variable looked up both per example and
 with shared indices (tied token and position tables): these concatenate, as upstream.
-Gradients of several dtypes (Keras's float32 LoRA kernels in a float64 model) are
-reduced one dtype at a time: TensorFlow's collective all-reduce concatenates them into
-one tensor and fails (`ConcatV2` of float32 and float64), under any strategy.
+TensorFlow's collective all-reduce concatenates gradients into one tensor, which fails
+for gradients of several dtypes (`ConcatV2` of float32 and float64: Keras's float32 LoRA
+kernels in a float64 model) under any strategy; under those strategykit made or sharded
+for they are reduced one dtype at a time.
 Checked on Keras 3.8.0 to 3.15.1 with TensorFlow 2.18.1 to 2.21.0.
 """
 
@@ -128,7 +129,8 @@ def _each_dtype_apart(reduce):
     (`ConcatV2 ... float32, float64`: Keras's float32 LoRA kernels in a float64 model)."""
     def reduced(optimizer, grads_and_vars):
         dtypes = list(dict.fromkeys(g.dtype for g, _ in grads_and_vars if g is not None))
-        if len(dtypes) < 2 or tf.distribute.get_replica_context() is None:
+        if (len(dtypes) < 2 or tf.distribute.get_replica_context() is None
+                or not strategies.in_ours()):
             return reduce(optimizer, grads_and_vars)
         result = list(grads_and_vars)
         for dtype in dtypes:
