@@ -40,7 +40,8 @@ import tensorflow as tf
 from strategykit.cluster.roles import is_multi_worker
 from strategykit.made import model_scope, strategies
 from strategykit.pinning.fix import Fix, original, resolve
-from strategykit.upstream import epoch_input, steps_per_execution
+from strategykit.upstream import epoch_input, keras_batches, steps_per_execution
+from strategykit.upstream.every_fit import add_to_every_fit
 
 _TRAINER_MODULE = "keras.src.backend.tensorflow.trainer"
 _TRAINER = f"{_TRAINER_MODULE}:TensorFlowTrainer"
@@ -96,6 +97,8 @@ def _build_from_first_replica(self, iterator=None, data_batch=None):
     if not _ours(self, iterator):
         return original(resolve(_TRAINER), "_maybe_symbolic_build")(
             self, iterator=iterator, data_batch=data_batch)
+    keras_batches.note(self, iterator)
+    add_to_every_fit(keras_batches.TrainingData)
     if type(self).call is keras.Model.call:
         # A model without call() (keras.io's GAN) cannot be built symbolically; as on one
         # device, its layers are built where its train_step first uses them.
