@@ -142,3 +142,31 @@ def test_sk_check_of_a_sentencepiece_classifier_whose_model_fn_sets_the_seed(flo
     report = sk.check(model_fn, _sentences(60, 1), strategy=sk.mirrored(cpu_devices(4)))
     assert report.passed, str(report)
     assert {"loss", "accuracy"} <= set(report.single_device_metrics)
+
+
+def test_a_byte_tokenizer_in_the_input_pipeline_trains_as_one_device(float64):
+    # keras-hub's byte-level tokenizer mapped over a tf.data dataset of raw strings, as
+    # keras-hub's guides map a tokenizer, then sk.shard of that dataset; one device gets
+    # the same tokens in batches of the global batch.
+    tokenizer = keras_hub.tokenizers.ByteTokenizer(sequence_length=LENGTH * 4)
+    text, y = _sentences(TRAIN, 4)
+    examples = tf.data.Dataset.from_tensor_slices((text, y)).map(
+        lambda sentence, label: (tokenizer(sentence), label))
+
+    def classifier(strategy):
+        with strategy.scope():
+            keras.utils.set_random_seed(0)
+            model = keras.Sequential([
+                keras.Input((LENGTH * 4,), dtype="int32"), keras.layers.Embedding(256, 8),
+                keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(2)])
+            model.compile(keras.optimizers.Adam(1e-2),
+                          keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                          weighted_metrics=["accuracy"])
+        return model
+
+    strategy = sk.mirrored(cpu_devices(4))
+    one, model = classifier(tf.distribute.get_strategy()), classifier(strategy)
+    one_history = one.fit(examples.batch(GLOBAL_BATCH), epochs=2, verbose=0).history
+    history = model.fit(sk.shard(examples, strategy, global_batch_size=GLOBAL_BATCH),
+                        epochs=2, verbose=0).history
+    assert_same_as_one_device(model, one, history, one_history)

@@ -12,8 +12,6 @@ import tensorflow as tf
 
 import strategykit as sk
 
-from conftest import cpu_devices
-
 BATCH = 16
 
 
@@ -74,7 +72,3 @@ def test_a_py_dataset_is_refused_naming_the_fix():
             r".*sk.shard\(dataset, strategy, global_batch_size=...\)")):
         model.fit(_Batches(*_data(4 * BATCH)), epochs=1, verbose=0)
 
-
-def test_a_strategy_of_the_users_own_runs_keras_own_fit():
-    model = _regressor(tf.distribute.MirroredStrategy(cpu_devices(2)))
-    model.fit(*_data(61), batch_size=BATCH, epochs=1, verbose=0)  # as Keras: not refused
