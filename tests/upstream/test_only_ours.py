@@ -35,22 +35,19 @@ def test_other_models_train_as_without_strategykit(run_python, where):
         """)
 
 
-_KERAS_TESTS = {  # Keras's own test files of the parts the fixes replace code of
-    "backend/tensorflow/distribute_test.py": None,
-    "backend/tensorflow/optimizer_distribute_test.py": None,
-    "layers/normalization/batch_normalization_test.py": None,
-    "optimizers/optimizer_test.py": None,
-    "trainers/epoch_iterator_test.py": None,
-    # the fit(), evaluate() and predict() tests the fixes' code paths run through (the
-    # whole file takes minutes; jax, torch and grain are not installed)
-    "trainers/trainer_test.py": "(distribut or steps_per_execution or class_weight or "
-                                "sample_weight or metric) and not jit and not jax and not "
-                                "torch and not grain and not unrolled",
-    "callbacks/callback_test.py": None,
-    "callbacks/early_stopping_test.py": None,
-    "callbacks/model_checkpoint_test.py": None,
-    "callbacks/backup_and_restore_test.py": None,
-}
+_KERAS_TESTS = [  # Keras's own test files of the parts the fixes replace code of
+    "backend/tensorflow/distribute_test.py",
+    "backend/tensorflow/optimizer_distribute_test.py",
+    "layers/normalization/batch_normalization_test.py",
+    "trainers/epoch_iterator_test.py",
+    "trainers/trainer_test.py",
+    "callbacks/callback_test.py",
+]
+# Of trainer_test.py, the fit(), evaluate() and predict() tests the fixes' code paths run
+# through (the whole file takes minutes here; jax, torch and grain are not installed).
+_CHOSEN = ("not TestTrainer or ((distribut or steps_per_execution or class_weight or "
+           "sample_weight or metric) and not jit and not jax and not torch and not grain "
+           "and not unrolled)")
 
 
 def _run_keras_tests(tmp_path, arguments: list[str], *, with_strategykit: bool) -> dict:
@@ -77,16 +74,13 @@ def _run_keras_tests(tmp_path, arguments: list[str], *, with_strategykit: bool) 
 
 def test_keras_own_tests_pass_with_the_fixes_in_use_as_without(tmp_path):
     source = pathlib.Path(keras.__file__).parent / "src"
-    groups = [[str(source / name) for name, chosen in _KERAS_TESTS.items() if chosen is None]]
-    groups += [[str(source / name), "-k", chosen] for name, chosen in _KERAS_TESTS.items()
-               if chosen is not None]
-    passed = 0
-    for arguments in groups:
-        outcomes = _run_keras_tests(tmp_path, arguments, with_strategykit=True)
-        passed += sum(outcome == "passed" for outcome in outcomes.values())
-        failed = sorted(test for test, outcome in outcomes.items() if outcome == "failed")
-        if failed:  # each must fail without strategykit too (a package not installed)
-            without = _run_keras_tests(tmp_path, arguments, with_strategykit=False)
-            assert {test: without.get(test) for test in failed} == dict.fromkeys(
-                failed, "failed"), failed
-    assert passed > 100  # the tests ran
+    if not all((source / name).is_file() for name in _KERAS_TESTS):
+        pytest.skip(f"Keras {keras.__version__}'s wheel ships no test files (3.15.1's does)")
+    arguments = [*(str(source / name) for name in _KERAS_TESTS), "-k", _CHOSEN]
+    outcomes = _run_keras_tests(tmp_path, arguments, with_strategykit=True)
+    assert sum(outcome == "passed" for outcome in outcomes.values()) > 60, outcomes  # they ran
+    failed = sorted(test for test, outcome in outcomes.items() if outcome == "failed")
+    if failed:  # each must fail without strategykit too (a package not installed)
+        without = _run_keras_tests(tmp_path, arguments, with_strategykit=False)
+        assert {test: without.get(test) for test in failed} == dict.fromkeys(
+            failed, "failed"), failed
