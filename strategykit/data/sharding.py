@@ -216,17 +216,22 @@ def shard(
     )
 
     def distribute(continuous: bool = False, indexed: bool = False, **options):
+        """A distributed dataset of the data (each epoch's, predict()'s), registered as
+        strategykit's: the fixes of `strategykit.upstream` act on it."""
         build = functools.partial(pipeline, continuous=continuous, **options)
         if indexed:  # predict()'s data: fit()'s steps and specs are not its
             build = functools.partial(build, indexed=True, steps=None, specs=None)
         if callable(data):
-            return strategy.distribute_datasets_from_function(
+            distributed = strategy.distribute_datasets_from_function(
                 lambda context: build(source(context), context=context))
-        if remainder == "split":
+        elif remainder == "split":
             # Uneven per-replica batches need per-replica pipelines: cut by `split_evenly`.
-            return strategy.distribute_datasets_from_function(
+            distributed = strategy.distribute_datasets_from_function(
                 lambda context: build(source(None), size, context=context, every_replica=True))
-        return strategy.experimental_distribute_dataset(build(source(None)))
+        else:
+            distributed = strategy.experimental_distribute_dataset(build(source(None)))
+        model_scope.register(distributed, strategy)
+        return distributed
 
     def made(**options):
         """The distributed dataset, made with the batch `options` of `make_pipeline`:
@@ -248,7 +253,6 @@ def shard(
             attach_stream(distributed, PassEachEpoch(lambda: distribute(**options),
                                                      element_spec=own_specs[0]))
         _WEIGHTED[distributed] = True
-        model_scope.register(distributed, strategy)
         remade_data.register(distributed, lambda **changes: made(**{**options, **changes}),
                              options)
         predict_input.register(

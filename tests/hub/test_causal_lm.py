@@ -83,10 +83,12 @@ def test_lora_fine_tuning_in_float64_on_four_replicas_equals_one_device(float64)
     trained = {weight.path: weight.dtype for weight in model.trainable_weights}
     assert trained and all("lora_kernel" in path or path.endswith("bias")
                            or "layer_norm" in path for path in trained)
-    assert {"float32", "float64"} <= set(trained.values())  # Keras's LoRA kernels float32
-    # float32 rounding: each replica's LoRA gradient is rounded before the sum, one
-    # device's once (3.7e-9 here)
-    assert_same_as_one_device(model, one, history, one_history, atol=1e-7, rtol=1e-9)
+    # Keras 3.15 makes the LoRA kernels float32 (3.8 to 3.13: of the layer's dtype): float32
+    # rounding then, each replica's LoRA gradient rounded before the sum, one device's
+    # once (3.7e-9 here)
+    mixed = {"float32", "float64"} <= set(trained.values())
+    tolerance = {"atol": 1e-7, "rtol": 1e-9} if mixed else {}
+    assert_same_as_one_device(model, one, history, one_history, **tolerance)
 
 
 def test_generate_given_sk_shard_data_refuses_naming_the_prompts_as_the_fix():
