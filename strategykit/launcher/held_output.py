@@ -17,7 +17,7 @@ Example:
     ...            for k in range(2)]
     >>> for forwarder in stderrs:
     ...     forwarder.feed(b"Traceback (most recent call last):\\nError\\n")
-    >>> log = os.path.join(tempfile.mkdtemp(), "attempt-0.log")
+    >>> log = os.path.join(tempfile.mkdtemp(), "attempt-0.log")  # a private folder
     >>> set_aside_echoes(stderrs, at_fault=1, log_path=log, terminal=terminal)
     [0]
     >>> open(log).read()
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import time
 
+from strategykit.launcher.private_files import open_private
 from strategykit.launcher.worker_output import LineForwarder, Terminal
 
 HELD_SECONDS = 60.0
@@ -63,6 +64,10 @@ def set_aside_echoes(stderrs: list[LineForwarder], at_fault: int | None, log_pat
                      terminal: Terminal) -> list[int]:
     """Shows the traceback of the worker at fault; the others' go to `log_path`.
 
+    The log file is created as `private_files.open_private` creates it (mode 0600, never
+    through a symbolic link, never over a file that exists); where that fails, the
+    others' tracebacks are shown after a note that says why.
+
     Args:
         stderrs: each worker's stderr forwarder, worker 0 first.
         at_fault: the worker at fault; None when none is (a hung job: every worker's
@@ -79,9 +84,17 @@ def set_aside_echoes(stderrs: list[LineForwarder], at_fault: int | None, log_pat
     echoed = [k for k, lines in held.items() if lines]
     if not echoed:
         return []
-    with open(log_path, "w") as log:
-        log.writelines(f"[worker {k}] {line}\n" for k in echoed for line in held[k])
     workers = " and ".join(f"worker {k}" for k in echoed)
+    try:
+        with open_private(log_path) as log:
+            log.writelines(f"[worker {k}] {line}\n" for k in echoed for line in held[k])
+    except OSError as error:  # something stood at its path: shown here instead
+        terminal.note(f"cannot create the log file for the error output of {workers} "
+                      f"({error.strerror}: {log_path}); it follows here.")
+        for k in echoed:
+            for line in held[k]:
+                terminal.write("stderr", k, line, redraw=False, ended=True)
+        return echoed
     terminal.note(f"the error output of {workers}, which follows from that, is in "
                   f"{log_path}; --verbose shows it here.")
     return echoed

@@ -14,7 +14,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 
@@ -22,6 +21,7 @@ from strategykit.launcher import hang_watch, held_output, private_network
 from strategykit.launcher.fault import blame
 from strategykit.launcher.orphan_guard import guarded
 from strategykit.launcher.preload import ForkedWorker, Preloader
+from strategykit.launcher.private_files import RunFolder
 from strategykit.launcher.process_state import process_state
 from strategykit.launcher.worker_contract import HUNG, PREEMPTED, PROGRESS_FILE_VARIABLE
 from strategykit.launcher.worker_env import count, find_gpus, free_ports, gpu_assignment, worker_env
@@ -146,6 +146,7 @@ def launch(command: Sequence[str], workers: int, restarts: int = 0, port: int | 
     job_network = _open_network(network, terminal)
     network_pid = job_network.pid if job_network else None
     preloader = None
+    run_folder = RunFolder()
     try:
         with _StopSignals() as stop:
             for attempt in range(restarts + 1):
@@ -159,7 +160,7 @@ def launch(command: Sequence[str], workers: int, restarts: int = 0, port: int | 
                                           {"PYTHONUNBUFFERED": "1", **os.environ})
                 ports = free_ports(workers) if port is None else list(range(port, port + workers))
                 code = _run_job(command, attempt, ports, devices, terminal, stop,
-                                hang_timeout, job_network, verbose, preloader)
+                                hang_timeout, job_network, verbose, preloader, run_folder)
                 if code == 0 or stop.signal is not None:
                     break
     finally:
@@ -167,6 +168,7 @@ def launch(command: Sequence[str], workers: int, restarts: int = 0, port: int | 
             preloader.close()
         if job_network is not None:
             job_network.close()
+        run_folder.close()
     return code
 
 
@@ -213,7 +215,7 @@ def _check_arguments(command: list[str], workers: int, restarts: int, port: int 
 def _run_job(command: list[str], attempt: int, ports: list[int], devices: list[str | None],
              terminal: Terminal, stop: _StopSignals, hang_timeout: float,
              job_network: private_network.PrivateNetwork | None, verbose: bool,
-             preloader: Preloader | None) -> int:
+             preloader: Preloader | None, run_folder: RunFolder) -> int:
     """Runs one attempt of the job; returns its exit code (see `launch`)."""
     where = ("in a private network (reachable from this job only)" if job_network
              else "on this machine's network")
@@ -225,7 +227,7 @@ def _run_job(command: list[str], attempt: int, ports: list[int], devices: list[s
     stderrs: list[LineForwarder] = []
     failed = hung = None
     states: list[str | None] = []
-    reports = tempfile.mkdtemp(prefix="strategykit-progress-")
+    reports = run_folder.attempt_folder(attempt)
     paths = [os.path.join(reports, f"worker-{k}.json") for k in range(len(devices))]
     watch = hang_watch.HangWatch(paths, hang_timeout)
     try:
@@ -268,7 +270,7 @@ def _run_job(command: list[str], attempt: int, ports: list[int], devices: list[s
     others = f"; stopped the other {count(len(stopped), 'worker')}" if stopped else ""
     if hung is not None:
         terminal.note(f"{hung}; stopped the job.")
-        held_output.set_aside_echoes(stderrs, None, _log_path(attempt), terminal)
+        held_output.set_aside_echoes(stderrs, None, run_folder.log_path(attempt), terminal)
         return HUNG
     if stop.signal is not None:
         held_output.show(stderrs)
@@ -292,7 +294,7 @@ def _run_job(command: list[str], attempt: int, ports: list[int], devices: list[s
     unhealthy = {k: forwarder.unhealthy_workers for k, forwarder in enumerate(stderrs)}
     fault = blame(failed, codes, states, last_reports, unhealthy)
     terminal.note(f"{fault.message}{others}.")
-    held_output.set_aside_echoes(stderrs, fault.worker, _log_path(attempt), terminal)
+    held_output.set_aside_echoes(stderrs, fault.worker, run_folder.log_path(attempt), terminal)
     if job_network and any(forwarder.saw_unreachable for forwarder in stderrs):
         terminal.note("the job runs in a private network, where its workers cannot reach "
                       "other machines (a download, an experiment tracker): run it with "
@@ -304,12 +306,6 @@ def _states(processes: list[Worker], codes: list[int | None]) -> list[str | None
     """Each worker's process state (`process_state`); `hang_watch.EXITED` once it ended."""
     return [hang_watch.EXITED if code is not None else process_state(process.pid)
             for process, code in zip(processes, codes)]
-
-
-def _log_path(attempt: int) -> str:
-    """Where the error output that only echoes the worker at fault goes."""
-    return os.path.join(tempfile.gettempdir(),
-                        f"strategykit-launch-{os.getpid()}-attempt-{attempt}.log")
 
 
 def _first_failed(codes: list[int | None]) -> int | None:
