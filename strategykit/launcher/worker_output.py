@@ -7,7 +7,10 @@ The chief's (worker 0's) `\\r` updates stay updates, `\\r[worker 0] 3/10 ━━�
 the terminal shows one live progress bar; a Keras bar line (it holds "━", U+2501) of any
 other worker is dropped, since every worker draws the same bar. Nothing else is dropped.
 A worker's line that ends with `\\r` and is no Keras bar (a tqdm bar, say) is shown as a
-line of its own when the worker is not the chief.
+line of its own when the worker is not the chief. The output is linear in the input: an
+update the chief is still writing goes on where it stopped (only its new part is
+written), of several updates read at once only the last is drawn, and a line longer than
+`MAX_LINE_CHARS` is forwarded in pieces, each a line of its own.
 
 A Python traceback on a worker's stderr may be held back (`hold_tracebacks`): from its
 `Traceback (most recent call last):` line on (or from a task TensorFlow names unhealthy,
@@ -51,6 +54,8 @@ PROGRESS_BAR = "\u2501"
 """The character Keras's progress bar is drawn with: a line holding it is a bar."""
 
 CHIEF = 0
+MAX_LINE_CHARS = 1 << 16
+"""The longest line forwarded whole; a longer one comes in pieces of this length."""
 
 
 class Terminal:
@@ -69,6 +74,7 @@ class Terminal:
         self._streams = {"stdout": stdout, "stderr": stderr}
         self._lock = threading.Lock()
         self._open: tuple[str, int] | None = None  # (stream, worker) of the open line
+        self._open_text = ""  # what the open line shows after its prefix
 
     def write(self, stream: str, worker: int, text: str, *, redraw: bool, ended: bool) -> None:
         """Writes one line of a worker's output with its prefix.
@@ -77,15 +83,21 @@ class Terminal:
             stream: `"stdout"` or `"stderr"`.
             worker: the worker's index.
             text: the line, without its line end.
-            redraw: draw it over the line the same worker left open (`\\r` first).
+            redraw: draw it over the line the same worker left open (`\\r` first); when
+                that line shows the start of `text`, only the rest of `text` is written.
             ended: end the line (`\\n`); otherwise it stays open for the next redraw.
         """
         with self._lock:
-            if self._open is not None and not (redraw and self._open == (stream, worker)):
+            same = redraw and self._open == (stream, worker)
+            if self._open is not None and not same:
                 self._end_open_line()
-            line = ("\r" if redraw else "") + f"[worker {worker}] {text}"
-            _write(self._streams[stream], line + ("\n" if ended else ""))
-            self._open = None if ended else (stream, worker)
+            if same and text.startswith(self._open_text):  # the line goes on: its new part
+                line = text[len(self._open_text):]
+            else:
+                line = ("\r" if redraw else "") + f"[worker {worker}] {text}"
+            if line or ended:
+                _write(self._streams[stream], line + ("\n" if ended else ""))
+            self._open, self._open_text = (None, "") if ended else ((stream, worker), text)
 
     def end(self, stream: str, worker: int) -> None:
         """Ends the worker's line on `stream` if the terminal still shows it open."""
@@ -102,7 +114,7 @@ class Terminal:
     def _end_open_line(self) -> None:
         if self._open is not None:
             _write(self._streams[self._open[0]], "\n")
-            self._open = None
+            self._open, self._open_text = None, ""
 
 
 class LineForwarder:
@@ -138,12 +150,27 @@ class LineForwarder:
         self._drawn: str | None = None  # the chief's update the terminal shows open
 
     def feed(self, data: bytes) -> None:
-        """Forwards every line completed by `data`, and the chief's update in progress."""
+        """Forwards every line completed by `data`, and the chief's update in progress.
+
+        Of the chief's `\\r` updates that `data` completes one after the other, only the
+        last is drawn (the terminal would show nothing else of them), and a line longer
+        than `MAX_LINE_CHARS` is forwarded in pieces, each a line of its own: the output
+        stays within a small multiple of the input, however long a line gets.
+        """
         *parts, rest = re.split(r"([\r\n])", self._decoder.decode(data).replace("\b", ""))
-        for text, end in zip(parts[::2], parts[1::2]):
-            self._end_line(self._pending + text, end)
-            self._pending = ""
+        texts, ends = parts[::2], parts[1::2]
+        for i, (text, end) in enumerate(zip(texts, ends)):
+            text, self._pending = self._pending + text, ""
+            after = texts[i + 1] if i + 1 < len(texts) else rest  # what follows in `data`
+            if self._worker == CHIEF and end == "\r" and text and after:
+                self._after_return = True  # an update drawn over at once: not drawn
+                continue
+            self._end_line(text, end)
         self._pending += rest
+        while len(self._pending) > MAX_LINE_CHARS:
+            piece, self._pending = (self._pending[:MAX_LINE_CHARS],
+                                    self._pending[MAX_LINE_CHARS:])
+            self._end_line(piece, "\n")
         chief_update = self._worker == CHIEF and self._after_return
         if chief_update and self._pending and self._pending != self._drawn:
             self._draw(self._pending)

@@ -574,7 +574,8 @@ BAR = "━━".encode()
 def test_the_chiefs_updates_are_redrawn_as_they_come_even_split_mid_character():
     out, _ = forwarded((0, b"\r1/2 " + BAR[:4]), (0, BAR[4:] + b" - loss"),
                        (0, b"\b" * 12 + b"\r2/2 " + BAR + b"\n"))
-    assert out == ("\r[worker 0] 1/2 ━\r[worker 0] 1/2 ━━ - loss"
+    # The update in progress goes on where it stopped: only its new part is written.
+    assert out == ("\r[worker 0] 1/2 ━━ - loss"
                    "\r[worker 0] 2/2 ━━\n")
 
 
@@ -590,8 +591,10 @@ def test_other_lines_are_never_lost():
     assert out == ("[worker 1] a\n[worker 1] b\n[worker 1] \n[worker 1] tqdm 50%\n"
                    "[worker 1] tqdm 100%\n\r[worker 0] x\n\r[worker 0] y\n"
                    "[worker 1] no line end\n")
-    # The chief's last update stays on screen once, however its stream ends.
-    assert forwarded((0, b"\r1/2\r2/2\r"))[0] == "\r[worker 0] 1/2\r[worker 0] 2/2\n"
+    # The chief's last update stays on screen once, however its stream ends; of updates
+    # that come together, only the last is drawn.
+    assert forwarded((0, b"\r1/2\r2/2\r"))[0] == "\r[worker 0] 2/2\n"
+    assert forwarded((0, b"\r1/2\r"), (0, b"2/2\r"))[0] == "\r[worker 0] 1/2\r[worker 0] 2/2\n"
 
 
 @pytest.mark.parametrize("codes, failed", [
