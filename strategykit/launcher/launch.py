@@ -71,8 +71,9 @@ def launch(command: Sequence[str], workers: int, restarts: int = 0, port: int | 
     `strategykit.launcher.worker_output`). When a worker exits non-zero or is killed by a signal,
     every other worker's process group gets SIGTERM at once and SIGKILL
     `GRACE_SECONDS` (3 s) later; the launcher says on stderr which worker died and how,
-    then starts the whole job again while restarts are left. SIGINT or SIGTERM to the
-    launcher is passed on to every worker: with `sk.callbacks.BackupAndRestore`, they
+    then starts the whole job again while restarts are left. SIGINT, SIGTERM or SIGHUP
+    (a closed terminal, a dropped ssh connection) to the launcher stops the job: every
+    worker gets SIGTERM, and with `sk.callbacks.BackupAndRestore` they
     back up the step they agree on and exit 42 (`worker_contract.PREEMPTED`); after
     `PREEMPTION_GRACE_SECONDS` (60 s) what still runs gets SIGKILL. A worker that
     exits 42 by itself (it received SIGTERM) has the others stop after the same step;
@@ -116,7 +117,8 @@ def launch(command: Sequence[str], workers: int, restarts: int = 0, port: int | 
         The exit code: 0 when every worker exited 0; after the last allowed attempt
         failed, the failed worker's exit code, or 128 + N when it was killed by signal N
         (as a shell reports it), 124 when it hung, 42 when the workers backed up and
-        stopped on SIGTERM; 130 on SIGINT, 143 on SIGTERM to the launcher.
+        stopped on SIGTERM; 130 on SIGINT, 143 on SIGTERM, 129 on SIGHUP to the
+        launcher.
 
     Raises:
         ValueError: a bad argument (no command or a string for one, `workers` < 1,
@@ -386,15 +388,22 @@ def _group_alive(process: Worker) -> bool:
     return True
 
 
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP")
+                     if hasattr(signal, name))
+"""The signals to the launcher that stop the job: each worker gets SIGTERM. SIGHUP is
+what a closed terminal or a dropped ssh connection sends; the workers, each in a session
+of its own, get nothing from the terminal themselves."""
+
+
 class _StopSignals:
-    """While open, SIGINT and SIGTERM are recorded in `signal` instead of ending Python."""
+    """While open, `STOP_SIGNALS` are recorded in `signal` instead of ending Python."""
 
     def __init__(self):
         self.signal: int | None = None
         self._previous = {}
 
     def __enter__(self) -> _StopSignals:
-        for signum in (signal.SIGINT, signal.SIGTERM):
+        for signum in STOP_SIGNALS:
             try:
                 self._previous[signum] = signal.signal(signum, self._record)
             except ValueError:  # not the main thread: signals stay as they were

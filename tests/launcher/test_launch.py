@@ -262,16 +262,24 @@ def test_a_job_that_keeps_failing_ends_after_its_restarts(job):
         == {("localhost:23456", "localhost:23457")}
 
 
-@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130),
+                                          (signal.SIGHUP, 129)])
 def test_a_signal_to_the_launcher_stops_every_worker(job, signum, code):
-    job.worker("time.sleep(600)")
+    # Each worker records the SIGTERM it gets (a closed terminal's SIGHUP included: the
+    # workers, in sessions of their own, are told by the launcher), then exits.
+    job.worker("""
+        signal.signal(signal.SIGTERM, lambda *_: (record(f"sigterm-{k}"), sys.exit(0)))
+        record(f"ready-{k}")
+        time.sleep(600)
+    """)
     launcher = job.start("--workers", "2")
-    job.wait_for("0-0", "0-1")
+    job.wait_for("ready-0", "ready-1")
     launcher.send_signal(signum)
     result = job.finish(launcher)
     assert result.returncode == code
     assert f"strategykit launch: received {signum.name}; stopped 2 workers.\n" in result.stderr
-    assert not any(alive(facts["pid"]) for facts in job.records().values())
+    assert {"sigterm-0", "sigterm-1"} <= set(job.records())
+    assert not any(alive(facts["pid"]) for facts in job.records().values() if "pid" in facts)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
