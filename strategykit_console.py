@@ -37,17 +37,20 @@ import types
 
 def main(argv: list[str] | None = None) -> int:
     """Runs the `strategykit` command, quieted unless `--verbose` or the user's own
-    `TF_CPP_MIN_LOG_LEVEL` asks otherwise; returns the exit code."""
+    `TF_CPP_MIN_LOG_LEVEL` asks otherwise; returns the exit code.
+
+    The arguments are parsed before TensorFlow is imported: `--help` (of the command
+    and of each subcommand) and a bad argument print at once, and only a command that
+    runs imports the package (`finish_importing_package`)."""
     argv = sys.argv[1:] if argv is None else argv
     own_arguments = argv[: argv.index("--")] if "--" in argv else argv
     if "--verbose" not in own_arguments and "TF_CPP_MIN_LOG_LEVEL" not in os.environ:
         tensorflow_log().quiet_tensorflow()
     import_package_without_tensorflow()
-    if not only_starts_workers(own_arguments):
-        finish_importing_package()
-    from strategykit.cli.commands import main as run
+    from strategykit.cli.commands import main as run  # argparse: no TensorFlow yet
 
-    return run(argv)
+    starts_workers = only_starts_workers(own_arguments)
+    return run(argv, before_running=None if starts_workers else finish_importing_package)
 
 
 def only_starts_workers(arguments: list[str]) -> bool:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 
 from strategykit.launcher import hang_watch
 from strategykit.launcher.launch import NETWORKS
@@ -99,14 +100,23 @@ def _add_launch(commands, common: argparse.ArgumentParser) -> None:
                         help="the command every worker runs, after --")
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None,
+         before_running: Callable[[], None] | None = None) -> int:
     """Runs the `strategykit` command; returns the exit code.
 
     A bad argument that only shows once the command runs (an unprepared TFDS dataset,
     say) ends with its message on stderr and exit code 2, as argparse's own errors do.
+
+    Args:
+        argv: the arguments; default None: `sys.argv[1:]`.
+        before_running: called once the arguments are parsed, before the command runs
+            (`strategykit_console` imports the package, and TensorFlow, there): `--help`
+            and argparse's errors come without it. Default None: nothing.
     """
     parser = build_parser()
     args = parser.parse_args(argv)
+    if before_running is not None:
+        before_running()
     command = {"info": _info, "demo": _demo, "check": _check, "launch": _launch}[args.command]
     try:
         return command(args)
