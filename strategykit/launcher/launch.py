@@ -103,7 +103,9 @@ def launch(command: Sequence[str], workers: int, restarts: int = 0, port: int | 
             allow it the launcher says so and uses this machine's network. `"host"`: this
             machine's network.
         verbose: show every worker's tracebacks where they come; by default those of
-            workers that only echo the failure of the worker at fault go to a log file.
+            workers that only echo the failure of the worker at fault go to a log file,
+            in the launcher's private folder (`strategykit.launcher.private_files`: the
+            only place it writes, removed at its end unless it holds a log).
         preload: import TensorFlow, Keras and strategykit once, in a server process, and
             fork every worker of every attempt from it (`strategykit.launcher.preload`):
             workers and restarts start in milliseconds instead of seconds. Only for

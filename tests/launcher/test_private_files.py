@@ -102,7 +102,10 @@ def test_a_launch_follows_no_planted_link_and_survives_a_planted_folder(tmp_path
     old = {n: tmp_path / f"strategykit-launch-{os.getpid()}-attempt-{n}.log" for n in (0, 1)}
     old[0].symlink_to(victim)
     old[1].mkdir()
-    worker = ("import os, sys, time\n"
+    worker = ("import os, stat, sys, time\n"
+              "progress = os.path.dirname(os.environ['STRATEGYKIT_PROGRESS_FILE'])\n"
+              "print(*(oct(stat.S_IMODE(os.lstat(p).st_mode)) for p in (progress, "
+              "os.path.dirname(progress))), progress)\n"
               "if os.environ['STRATEGYKIT_WORKER'] == '0':\n"
               "    print('Traceback (most recent call last):', file=sys.stderr, flush=True)\n"
               "    time.sleep(30)\n"
@@ -114,8 +117,10 @@ def test_a_launch_follows_no_planted_link_and_survives_a_planted_folder(tmp_path
         code = launch([sys.executable, "-c", worker], workers=2, restarts=1, network="host")
     finally:
         watchdog.cancel()
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
     assert code == 3, err
+    folders = {line.split()[-1] for line in out.splitlines()}  # each attempt's reports
+    assert {tuple(line.split()[2:4]) for line in out.splitlines()} == {("0o700", "0o700")}
     assert victim.read_text() == "precious" and old[1].is_dir()
     assert err.count("strategykit launch: worker 1 exited with code 3") == 2
     logs = [line.split(" is in ")[1].split(";")[0] for line in err.splitlines()
@@ -124,6 +129,7 @@ def test_a_launch_follows_no_planted_link_and_survives_a_planted_folder(tmp_path
     assert logs == [os.path.join(folder, f"attempt-{n}.log") for n in (0, 1)]
     assert os.path.dirname(folder) == str(tmp_path) and mode(folder) == 0o700
     assert sorted(os.listdir(folder)) == ["attempt-0.log", "attempt-1.log"]  # kept, named
+    assert folders == {os.path.join(folder, f"attempt-{n}-progress") for n in (0, 1)}
     for log in logs:
         assert mode(log) == 0o600
         assert open(log).read() == "[worker 0] Traceback (most recent call last):\n"
