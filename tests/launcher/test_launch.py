@@ -401,6 +401,8 @@ def test_the_traceback_of_a_worker_at_fault_is_shown_and_one_that_goes_on_too(jo
     # Worker 0 was stopped by the launcher with its logged traceback still held: set aside.
     assert "KeyError" not in result.stderr
     assert "the error output of worker 0" in result.stderr
+    log = result.stderr.split("which follows from that, is in ")[1].split(";")[0]
+    shutil.rmtree(os.path.dirname(log))  # the launcher's folder, kept for the log
     # Worker 0 logs a traceback, completes a step, and waits until the test has seen the
     # traceback on the launcher's stderr: shown while the worker runs, not at its end.
     job.worker("""
