@@ -45,19 +45,10 @@ def start_timeout(environ: Mapping[str, str] | None = None) -> float:
         >>> start_timeout({}), start_timeout({"STRATEGYKIT_START_TIMEOUT": "20"})
         (300.0, 20.0)
     """
-    text = (os.environ if environ is None else environ).get(START_TIMEOUT_VARIABLE, "")
-    if not text.strip():
-        return DEFAULT_START_TIMEOUT
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = -1.0
-    if not seconds >= 0:
-        raise ValueError(
-            f"{START_TIMEOUT_VARIABLE} must be a number of seconds >= 0. Received: "
-            f"{START_TIMEOUT_VARIABLE}={text!r}. Use e.g. {START_TIMEOUT_VARIABLE}=600, or 0 "
-            "to wait for the workers without end.")
-    return seconds
+    from strategykit.cluster.seconds_variable import read_seconds  # not in the watcher
+
+    return read_seconds(os.environ if environ is None else environ, START_TIMEOUT_VARIABLE,
+                        DEFAULT_START_TIMEOUT, off="to wait for the workers without end")
 
 
 def peers(cluster: Mapping[str, list], task_type: str, index: int) -> dict[str, str]:
