@@ -111,8 +111,12 @@ def watching_start(me: str, addresses: Mapping[str, str], *, timeout: float | No
     """
     timeout = start_timeout() if timeout is None else timeout
     arguments = json.dumps([me, dict(addresses), timeout, report, os.getpid()])
-    watcher = subprocess.Popen([sys.executable, "-I", os.path.abspath(__file__), arguments],
-                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    try:
+        watcher = subprocess.Popen([sys.executable, "-I", os.path.abspath(__file__),
+                                    arguments], stdin=subprocess.DEVNULL,
+                                   stdout=subprocess.DEVNULL)
+    except OSError:  # no interpreter to run (an embedded Python): the timeout alone
+        watcher = None
     sink = open(os.devnull, "w")
     if timeout:  # the watcher has said why just before
         faulthandler.dump_traceback_later(timeout + 1, exit=True, file=sink)
@@ -121,8 +125,9 @@ def watching_start(me: str, addresses: Mapping[str, str], *, timeout: float | No
     finally:
         faulthandler.cancel_dump_traceback_later()
         sink.close()
-        watcher.kill()
-        watcher.wait()
+        if watcher is not None:
+            watcher.kill()
+            watcher.wait()
 
 
 def _watch(me: str, addresses: Mapping[str, str], timeout: float, report: float,
