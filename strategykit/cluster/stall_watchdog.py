@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 
+from strategykit.cluster.seconds_variable import read_seconds
 from strategykit.launcher.hang_watch import DEFAULT_TIMEOUT
 from strategykit.launcher.worker_contract import HANG_TIMEOUT_VARIABLE, HUNG
 
@@ -42,19 +43,8 @@ def timeout_from_env() -> float:
         >>> timeout_from_env()
         300.0
     """
-    text = os.environ.get(HANG_TIMEOUT_VARIABLE, "")
-    if not text.strip():
-        return DEFAULT_TIMEOUT
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = -1.0
-    if not seconds >= 0:
-        raise ValueError(
-            f"{HANG_TIMEOUT_VARIABLE} must be a number of seconds >= 0. Received: "
-            f"{HANG_TIMEOUT_VARIABLE}={text!r}. Use e.g. {HANG_TIMEOUT_VARIABLE}=600, or 0 "
-            "to turn the watch off.")
-    return seconds
+    return read_seconds(os.environ, HANG_TIMEOUT_VARIABLE, DEFAULT_TIMEOUT,
+                        off="to turn the watch off")
 
 
 class Watch:

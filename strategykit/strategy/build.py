@@ -7,7 +7,8 @@ import numbers
 import tensorflow as tf
 
 from strategykit import upstream
-from strategykit.cluster import environments, progress_reporter, public_address
+from strategykit.cluster import environments, progress_reporter, public_address, start_watch
+from strategykit.cluster.own_port import check_port_free
 from strategykit.made import strategies
 from strategykit.pinning.legacy_keras import warn_if_legacy_keras
 from strategykit.strategy import devices as _devices
@@ -114,10 +115,16 @@ def from_env(*, cross_device_ops: str | tf.distribute.CrossDeviceOps = "auto"):
     Raises:
         ValueError: the environment's variables are malformed or incomplete (the message
             names the variable: a `TF_CONFIG` field, a SLURM or Kubernetes variable,
-            `STRATEGYKIT_PORT` or `STRATEGYKIT_HANG_TIMEOUT`), or `cross_device_ops` is
+            `STRATEGYKIT_PORT`, `STRATEGYKIT_HANG_TIMEOUT` or
+            `STRATEGYKIT_START_TIMEOUT`), or `cross_device_ops` is
             neither `"auto"` nor `"nccl"` across workers.
         RuntimeError: under SLURM, the node list cannot be expanded (Slurm's `scontrol`
-            is missing or fails) or a task is on another node than expected.
+            is missing or fails) or a task is on another node than expected; this
+            worker's port is already in use on this machine (`own_port`).
+
+    While the strategy waits for every worker to connect, this worker says every 30 s
+    on stderr which have not (`strategykit.cluster.start_watch`), and after
+    `STRATEGYKIT_START_TIMEOUT` seconds (default 300, 0 off) exits with code 1.
 
     Example:
         >>> import strategykit as sk
@@ -147,9 +154,19 @@ def from_env(*, cross_device_ops: str | tf.distribute.CrossDeviceOps = "auto"):
     resolver = environment.resolver()
     _report_progress(environment.worker_index())
     upstream.install()
-    return strategies.register(tf.distribute.MultiWorkerMirroredStrategy(
-        cluster_resolver=resolver, communication_options=options
-    ))
+    return strategies.register(_multi_worker(resolver, options))
+
+
+def _multi_worker(resolver, options) -> tf.distribute.MultiWorkerMirroredStrategy:
+    """The strategy, once this worker's port is free, built under a watch that names the
+    peers that never connect (`own_port`, `start_watch`)."""
+    cluster = resolver.cluster_spec().as_dict()
+    me = f"{resolver.task_type} {resolver.task_id}"
+    check_port_free(cluster[resolver.task_type][resolver.task_id], me)
+    with start_watch.watching_start(
+            me, start_watch.peers(cluster, resolver.task_type, resolver.task_id)):
+        return tf.distribute.MultiWorkerMirroredStrategy(
+            cluster_resolver=resolver, communication_options=options)
 
 
 def _checked_replicas(replicas) -> int:

@@ -19,6 +19,7 @@ import os
 import tensorflow as tf
 
 from strategykit.cluster.environments.base import TRAINING_TASK_TYPES, Environment, Task
+from strategykit.cluster.environments.cluster_addresses import check_cluster
 from strategykit.launcher.worker_contract import WORKER_VARIABLE
 
 _WRITERS = (  # (a variable set beside TF_CONFIG, or a prefix ending in "_"; who wrote it)
@@ -37,7 +38,8 @@ def read_tf_config(raw: str | None = None) -> dict:
     Raises:
         ValueError: bad JSON, no `cluster` or `task`, a task type not in the cluster, an
             `evaluator` task, a cluster with other task types than `chief` and `worker`,
-            or a task index out of range.
+            a task type's addresses not a list of `"host:port"` strings, two tasks at one
+            address (`cluster_addresses`), or a task index out of range.
     """
     raw = os.environ.get("TF_CONFIG", "") if raw is None else raw
     if not raw.strip():
@@ -86,6 +88,7 @@ def read_tf_config(raw: str | None = None) -> dict:
             "MultiWorkerMirroredStrategy, in which every task trains ('ps' parameter "
             "servers belong to ParameterServerStrategy)."
         )
+    check_cluster(cluster)
     if task_type not in cluster:
         raise ValueError(
             f"TF_CONFIG field 'task.type' is not a task type of the cluster. Received: "
