@@ -65,7 +65,7 @@ class BackupAndRestore(keras.callbacks.Callback):
     changes: resuming such a model on another number of replicas warns once, naming the
     layers (`sk.convert_sync_batchnorm` makes them exact).
 
-    **Preemption.** SIGTERM to any worker (or to `strategykit launch`) during `fit()`
+    **Preemption.** SIGTERM (or SIGHUP: a closed terminal, a dropped ssh session) to any worker (or to `strategykit launch`) during `fit()`
     makes every worker stop after the same step: the chief writes a backup of that
     step, mid-epoch, and every worker exits with code 42 (`EXIT_CODE`:
     `strategykit.launcher.worker_contract.PREEMPTED`). Running the same command again
@@ -77,7 +77,16 @@ class BackupAndRestore(keras.callbacks.Callback):
     the resumed epoch cover the steps after the resume.
 
     A backup is published atomically (written aside, then renamed), so a process killed
-    while writing it leaves the previous backup intact.
+    while writing it leaves the previous backup intact. Each backup is sealed last by an
+    integrity record (`integrity.json`: the size and sha256 of each of its files), and a
+    backup that fails it on restore (a file missing, truncated or changed, torn JSON, no
+    record) is never loaded: with `double_checkpoint=True` the backup before it is
+    restored, with a warning naming the file and what is wrong; otherwise `fit()` raises,
+    naming them and the fix. Backups written by an older strategykit, without a record,
+    are refused the same way (delete them to start afresh). Backups are private: folders
+    0700, files 0600, and `backup_dir` 0700 when strategykit makes it. A backup from the
+    middle of an epoch resumes only with the same steps per epoch (the same data and
+    global batch size); an epoch-end backup resumes with any global batch size.
 
     Args:
         backup_dir: the directory of the backups; give every worker the same path.
@@ -89,8 +98,10 @@ class BackupAndRestore(keras.callbacks.Callback):
             True.
 
     Raises:
-        ValueError: `backup_dir` empty or not a path, an invalid `save_freq`, or (at
-            `fit()`) a Keras 2 model from tf_keras.
+        ValueError: `backup_dir` empty, not a path or an existing file, a `save_freq`
+            that is neither `"epoch"` nor a positive integer, or (at `fit()`) a Keras 2
+            model from tf_keras, no sound backup to restore, or a mid-epoch backup
+            resumed with another number of steps per epoch.
 
     Example:
         >>> import strategykit as sk
