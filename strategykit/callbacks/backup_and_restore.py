@@ -65,7 +65,8 @@ class BackupAndRestore(keras.callbacks.Callback):
     changes: resuming such a model on another number of replicas warns once, naming the
     layers (`sk.convert_sync_batchnorm` makes them exact).
 
-    **Preemption.** SIGTERM (or SIGHUP: a closed terminal, a dropped ssh session) to any worker (or to `strategykit launch`) during `fit()`
+    **Preemption.** SIGTERM (or SIGHUP: a closed terminal, a dropped ssh session) to
+    any worker (or to `strategykit launch`) during `fit()`
     makes every worker stop after the same step: the chief writes a backup of that
     step, mid-epoch, and every worker exits with code 42 (`EXIT_CODE`:
     `strategykit.launcher.worker_contract.PREEMPTED`). Running the same command again
@@ -212,7 +213,8 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._publish(step=self._write_position(step))
         self._preemption.stop()
         if self._chief:
-            print(f"strategykit: {self._preemption.signal_name}: backed up epoch {self._epoch + 1}, step {step} to "
+            print(f"strategykit: {self._preemption.signal_name}: backed up epoch "
+                  f"{self._epoch + 1}, step {step} to "
                   f"{self.backup_dir}; exiting with code {PREEMPTED}. Run the same command "
                   "again to go on from the next step.", file=sys.stderr, flush=True)
         raise SystemExit(PREEMPTED)

@@ -7,14 +7,18 @@ import signal
 import stat
 
 import h5py
-import numpy as np
 import pytest
+from test_callbacks_backup import (
+    _assert_same_weights,
+    _Epochs,
+    _fit,
+    _model,
+    _Sigterm,
+    _uninterrupted,
+)
 
 import strategykit as sk
 from strategykit.callbacks import preemption
-
-from test_callbacks_backup import (_Epochs, _Sigterm, _assert_same_weights, _fit, _model,
-                                   _uninterrupted)
 
 
 @pytest.fixture(scope="module")
