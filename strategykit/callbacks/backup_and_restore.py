@@ -29,6 +29,7 @@ import keras
 import tensorflow as tf
 
 from strategykit.batchnorm.unsynchronized import unsynchronized_batch_norms
+from strategykit.callbacks.backup_integrity import PRIVATE_DIR, problem_of, seal, sync_directory
 from strategykit.callbacks.backup_record import read_record, record_of, replicas_text, write_record
 from strategykit.callbacks.preemption import Preemption
 from strategykit.cluster.chief_files import writable_path
@@ -64,7 +65,8 @@ class BackupAndRestore(keras.callbacks.Callback):
     changes: resuming such a model on another number of replicas warns once, naming the
     layers (`sk.convert_sync_batchnorm` makes them exact).
 
-    **Preemption.** SIGTERM to any worker (or to `strategykit launch`) during `fit()`
+    **Preemption.** SIGTERM (or SIGHUP: a closed terminal, a dropped ssh session) to
+    any worker (or to `strategykit launch`) during `fit()`
     makes every worker stop after the same step: the chief writes a backup of that
     step, mid-epoch, and every worker exits with code 42 (`EXIT_CODE`:
     `strategykit.launcher.worker_contract.PREEMPTED`). Running the same command again
@@ -76,7 +78,16 @@ class BackupAndRestore(keras.callbacks.Callback):
     the resumed epoch cover the steps after the resume.
 
     A backup is published atomically (written aside, then renamed), so a process killed
-    while writing it leaves the previous backup intact.
+    while writing it leaves the previous backup intact. Each backup is sealed last by an
+    integrity record (`integrity.json`: the size and sha256 of each of its files), and a
+    backup that fails it on restore (a file missing, truncated or changed, torn JSON, no
+    record) is never loaded: with `double_checkpoint=True` the backup before it is
+    restored, with a warning naming the file and what is wrong; otherwise `fit()` raises,
+    naming them and the fix. Backups written by an older strategykit, without a record,
+    are refused the same way (delete them to start afresh). Backups are private: folders
+    0700, files 0600, and `backup_dir` 0700 when strategykit makes it. A backup from the
+    middle of an epoch resumes only with the same steps per epoch (the same data and
+    global batch size); an epoch-end backup resumes with any global batch size.
 
     Args:
         backup_dir: the directory of the backups; give every worker the same path.
@@ -88,8 +99,10 @@ class BackupAndRestore(keras.callbacks.Callback):
             True.
 
     Raises:
-        ValueError: `backup_dir` empty or not a path, an invalid `save_freq`, or (at
-            `fit()`) a Keras 2 model from tf_keras.
+        ValueError: `backup_dir` empty, not a path or an existing file, a `save_freq`
+            that is neither `"epoch"` nor a positive integer, or (at `fit()`) a Keras 2
+            model from tf_keras, no sound backup to restore, or a mid-epoch backup
+            resumed with another number of steps per epoch.
 
     Example:
         >>> import strategykit as sk
@@ -108,6 +121,17 @@ class BackupAndRestore(keras.callbacks.Callback):
                 f"backup_dir must name a directory. Received: backup_dir={backup_dir!r}. "
                 "Pass e.g. backup_dir='/tmp/backup' (the same path on every worker).")
         self.backup_dir = os.fspath(backup_dir)
+        if os.path.exists(self.backup_dir) and not os.path.isdir(self.backup_dir):
+            raise ValueError(
+                f"backup_dir names a file, not a directory. Received: backup_dir="
+                f"{self.backup_dir!r}. Pass a directory's path (it is made if it does not "
+                "exist), or move that file away.")
+        if save_freq != "epoch" and (not isinstance(save_freq, int) or isinstance(
+                save_freq, bool) or save_freq < 1):
+            raise ValueError(
+                f"save_freq must be 'epoch' or a positive number of batches. Received: "
+                f"save_freq={save_freq!r}. Pass save_freq='epoch' (the default) or e.g. "
+                "save_freq=100 to back up every 100 batches.")
         self.save_freq = save_freq
         self.double_checkpoint = double_checkpoint
         self.delete_checkpoint = delete_checkpoint
@@ -124,6 +148,9 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._chief = is_chief(strategy)
         self._written_by = record_of(strategy)
         epoch, step, backup = self._restore()
+        if self._chief and not os.path.isdir(self.backup_dir):
+            os.makedirs(self.backup_dir, mode=PRIVATE_DIR)  # private: the backups are
+            os.chmod(self.backup_dir, PRIVATE_DIR)
         if is_multi_worker(strategy):
             self._check_every_worker_restored(strategy, epoch * 1_000_000 + step)
         if backup and self._chief:
@@ -186,7 +213,8 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._publish(step=self._write_position(step))
         self._preemption.stop()
         if self._chief:
-            print(f"strategykit: SIGTERM: backed up epoch {self._epoch + 1}, step {step} to "
+            print(f"strategykit: {self._preemption.signal_name}: backed up epoch "
+                  f"{self._epoch + 1}, step {step} to "
                   f"{self.backup_dir}; exiting with code {PREEMPTED}. Run the same command "
                   "again to go on from the next step.", file=sys.stderr, flush=True)
         raise SystemExit(PREEMPTED)
@@ -200,26 +228,68 @@ class BackupAndRestore(keras.callbacks.Callback):
         return [os.path.join(self.backup_dir, name) for _, name in numbered]
 
     def _restore(self) -> tuple[int, int, str | None]:
-        """Restores the newest readable backup (Keras's own restore).
+        """Restores the newest backup that passes its integrity check (Keras's restore).
+
+        A backup that fails it is never loaded: with `double_checkpoint=True` the one
+        before it is restored instead, with a warning naming what is wrong.
 
         Returns:
             Its epoch, the steps of that epoch it holds, and its path; `(0, 0, None)`
             when there is none.
+
+        Raises:
+            ValueError: no backup to restore passes the check, or a backup from the
+                middle of an epoch would resume with other steps per epoch.
         """
         candidates = self.backups()[-2 if self.double_checkpoint else -1:]
         for attempt, backup in enumerate(reversed(candidates)):
+            last = attempt == len(candidates) - 1
+            problem = problem_of(backup)
+            if problem is not None:
+                self._refuse_or_warn(backup, *problem, last=last)
+                continue
+            record = read_record(backup)
+            self._check_steps_per_epoch(backup, record)
             restorer = keras.callbacks.BackupAndRestore(backup, delete_checkpoint=False)
             restorer.set_model(self.model)
             try:
                 restorer.on_train_begin()
-            except OSError:
-                if attempt == len(candidates) - 1:
-                    raise
+            except OSError as error:  # sound bytes Keras cannot read: say which
+                self._refuse_or_warn(backup, _WEIGHTS, f"not readable by Keras ({error})",
+                                     last=last)
                 continue
             with open(os.path.join(backup, _METADATA)) as file:
                 epoch = int(json.load(file)["epoch"])
-            return epoch, read_record(backup).get("step", 0), backup
+            return epoch, record.get("step", 0), backup
         return 0, 0, None
+
+    def _refuse_or_warn(self, backup: str, name: str, wrong: str, *, last: bool) -> None:
+        """Raises for an unsound `backup` that has none before it, else warns."""
+        where = f"The backup {backup} cannot be restored: its file {name} is {wrong}."
+        if not last:
+            warnings.warn(f"{where} Restoring the backup before it instead "
+                          "(double_checkpoint=True).", stacklevel=3)
+            return
+        raise ValueError(
+            f"{where} Received: backup_dir={self.backup_dir!r}. strategykit never trains "
+            "on at a backup's epoch from other weights. Restore that file from a copy of "
+            f"the backup, or delete the folder {backup} to resume from the backup before "
+            f"it (or, when there is none, delete {self.backup_dir} to start afresh).")
+
+    def _check_steps_per_epoch(self, backup: str, record: dict) -> None:
+        """Refuses to resume mid-epoch where an epoch has another number of steps: the
+        steps done would then stand for another number of examples."""
+        then, now = record.get("steps_per_epoch"), self.params.get("steps")
+        if not record.get("step") or then is None or now is None or then == now:
+            return
+        raise ValueError(
+            f"The backup {backup} was written after step {record['step']} of {then} of an "
+            f"epoch, and an epoch now has {now} steps: the data or its global batch size "
+            f"changed, so the {record['step']} steps done stand for other examples than "
+            f"{record['step']} steps now. Received: {then} steps an epoch then, {now} now. "
+            "Resume with the data and global batch size of the run that wrote it "
+            "(sk.shard(..., global_batch_size=<that size>)); or delete that backup folder "
+            "to go on from the backup before it (an epoch end), or afresh without one.")
 
     def _warn_if_inexact(self, backup: str) -> None:
         """Warns when the backup was written by another number of replicas and the model
@@ -268,11 +338,14 @@ class BackupAndRestore(keras.callbacks.Callback):
         if not self._chief:
             shutil.rmtree(writing)
             return
-        write_record(writing, {**self._written_by, "step": step})
+        write_record(writing, {**self._written_by, "step": step,
+                               "steps_per_epoch": self.params.get("steps")})
+        seal(writing)  # last: a backup with a sound record is a whole backup
         existing = self.backups()
         number = int(_BACKUP.match(os.path.basename(existing[-1])).group(1)) + 1 if (
             existing) else 0
         os.rename(writing, os.path.join(self.backup_dir, f"backup-{number:06d}"))
+        sync_directory(self.backup_dir)
         for old in existing[:len(existing) - (1 if self.double_checkpoint else 0)]:
             shutil.rmtree(old, ignore_errors=True)
 

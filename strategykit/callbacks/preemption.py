@@ -1,4 +1,4 @@
-"""Preemption: SIGTERM to any worker makes every worker stop after the same step.
+"""Preemption: SIGTERM or SIGHUP to any worker makes every worker stop after the same step.
 
 Clusters preempt with SIGTERM and kill a grace period later. `Preemption` catches
 SIGTERM during `fit()` (TensorFlow's coordination service would otherwise swallow it)
@@ -9,6 +9,9 @@ key-value store (`strategykit.upstream.coordination`) and waits until every work
 seen it before it runs step n + 1: no worker can finish that step without it (its
 gradients are all-reduced), so every worker stops after the same step. This is the
 protocol of TensorFlow's `PreemptionCheckpointHandler`.
+
+SIGHUP (a closed terminal, a dropped ssh session) is treated as SIGTERM during `fit()`;
+both signals get their previous handlers back when `fit()` ends.
 """
 
 from __future__ import annotations
@@ -24,8 +27,8 @@ from strategykit.cluster.roles import is_multi_worker
 from strategykit.upstream import coordination
 
 _DONE = "done"
-_NOT_CAUGHT = object()
-_caught = {"previous": _NOT_CAUGHT, "current": None}  # SIGTERM's handler before ours
+_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+_caught = {"previous": {}, "current": None}  # each signal's handler before ours
 _fits = itertools.count()  # one key space per fit, the same on every worker
 
 
@@ -43,23 +46,26 @@ class Preemption:
         self._stop_key = f"{prefix}/stop-after-step"
         self._ack_key = f"{prefix}/seen-by/"
         self._signalled = threading.Event()
+        self.signal_name = "SIGTERM"  # the signal that stopped training
         self._stop_after: int | None = None
         self._published = False
 
     def start(self) -> None:
-        """Catches SIGTERM (in the main thread) and, across workers, watches the job."""
-        if _caught["previous"] is _NOT_CAUGHT:
-            try:
-                _caught["previous"] = signal.signal(signal.SIGTERM, _on_sigterm)
-            except ValueError:  # not the main thread: SIGTERM stays as it was
-                pass
+        """Catches SIGTERM and SIGHUP (in the main thread) and, across workers, watches
+        the job."""
+        for signum in _SIGNALS:
+            if signum not in _caught["previous"]:
+                try:
+                    _caught["previous"][signum] = signal.signal(signum, _on_sigterm)
+                except ValueError:  # not the main thread: the signal stays as it was
+                    pass
         _caught["current"] = self  # a fit that raised never stopped: this one replaces it
         if self._workers is not None:
             threading.Thread(target=self._watch, daemon=True,
                              name="strategykit-preemption-watch").start()
 
     def stop(self) -> None:
-        """Gives SIGTERM back to its handler before `fit()`.
+        """Gives SIGTERM and SIGHUP back to their handlers before `fit()`.
 
         A signal that came too late to stop training (its last step was done) does not
         end the process: your code after `fit()` (saving the model, say) still runs, and
@@ -67,10 +73,10 @@ class Preemption:
         if self._workers is not None:
             coordination.set_key(self._stop_key, _DONE)  # releases every watcher
         previous = _caught["previous"]
-        _caught.update(previous=_NOT_CAUGHT, current=None)
-        if previous is not _NOT_CAUGHT:
+        _caught.update(previous={}, current=None)
+        for signum, handler in previous.items():
             # None: a handler not set from Python (TensorFlow's, which ignores SIGTERM)
-            signal.signal(signal.SIGTERM, previous or signal.SIG_DFL)
+            signal.signal(signum, handler or signal.SIG_DFL)
 
     def after_step(self, step: int) -> bool:
         """Whether to back up and stop now, after the `step`-th step of this fit."""
@@ -95,8 +101,10 @@ class Preemption:
 
 
 def _on_sigterm(signum, frame) -> None:
-    """This process's SIGTERM handler during `fit()`: noted, acted on after the step."""
+    """This process's SIGTERM and SIGHUP handler during `fit()`: noted, acted on after
+    the step."""
     if _caught["current"] is not None:
+        _caught["current"].signal_name = signal.Signals(signum).name
         _caught["current"]._signalled.set()
 
 

@@ -280,7 +280,8 @@ def test_a_save_freq_backup_resumes_at_the_next_step(tmp_path):
 @pytest.mark.parametrize("kwargs, message", [
     ({"backup_dir": ""}, r"backup_dir must name a directory. Received: backup_dir=''"),
     ({"backup_dir": "b", "save_freq": "batch"},
-     r"Invalid value for argument `save_freq`. Received: save_freq=batch"),
+     r"save_freq must be 'epoch' or a positive number of batches. Received: "
+     r"save_freq='batch'"),
 ])
 def test_errors(kwargs, message):
     with pytest.raises(ValueError, match=message):
