@@ -35,9 +35,11 @@ from strategykit.callbacks.preemption import Preemption
 from strategykit.cluster.chief_files import writable_path
 from strategykit.cluster.roles import is_chief, is_multi_worker
 from strategykit.data import position
+from strategykit.data.sharding import global_batch_size_of
 from strategykit.launcher.worker_contract import PREEMPTED
 from strategykit.pinning.legacy_keras import check_not_keras_2
 from strategykit.strategy.reduction import every_replica
+from strategykit.upstream.keras_batches import last_data
 
 _BACKUP = re.compile(r"^backup-(\d+)$")
 _WRITING = ".writing"
@@ -147,6 +149,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         strategy = self.model.distribute_strategy
         self._chief = is_chief(strategy)
         self._written_by = record_of(strategy)
+        self._global_batch = global_batch_size_of(last_data(self.model))  # None: not known
         epoch, step, backup = self._restore()
         if self._chief and not os.path.isdir(self.backup_dir):
             os.makedirs(self.backup_dir, mode=PRIVATE_DIR)  # private: the backups are
@@ -279,8 +282,11 @@ class BackupAndRestore(keras.callbacks.Callback):
     def _check_steps_per_epoch(self, backup: str, record: dict) -> None:
         """Refuses to resume mid-epoch where an epoch has another number of steps: the
         steps done would then stand for another number of examples."""
+        if not record.get("step"):
+            return  # at an epoch's end: any data and batch go on from the next epoch
+        self._check_global_batch(backup, record)
         then, now = record.get("steps_per_epoch"), self.params.get("steps")
-        if not record.get("step") or then is None or now is None or then == now:
+        if then is None or now is None or then == now:
             return
         raise ValueError(
             f"The backup {backup} was written after step {record['step']} of {then} of an "
@@ -290,6 +296,22 @@ class BackupAndRestore(keras.callbacks.Callback):
             "Resume with the data and global batch size of the run that wrote it "
             "(sk.shard(..., global_batch_size=<that size>)); or delete that backup folder "
             "to go on from the backup before it (an epoch end), or afresh without one.")
+
+    def _check_global_batch(self, backup: str, record: dict) -> None:
+        """Refuses to resume mid-epoch on `sk.shard` data of another global batch size:
+        the steps done would stand for other examples (a step skipped is a batch)."""
+        then, now = record.get("global_batch_size"), self._global_batch
+        if then is None or now is None or then == now:
+            return
+        step = record["step"]
+        raise ValueError(
+            f"The backup {backup} was written after step {step} of an epoch with "
+            f"global_batch_size={then}, and this fit()'s sk.shard data has "
+            f"global_batch_size={now}: resuming would skip {step * now} examples of the "
+            f"epoch instead of the {step * then} done. Received: global_batch_size={then} "
+            f"then, {now} now. Resume with sk.shard(..., global_batch_size={then}) until "
+            "the epoch ends (backups at an epoch's end resume with any size); or delete "
+            "that backup folder to go on from the backup before it, or afresh without one.")
 
     def _warn_if_inexact(self, backup: str) -> None:
         """Warns when the backup was written by another number of replicas and the model
@@ -339,7 +361,8 @@ class BackupAndRestore(keras.callbacks.Callback):
             shutil.rmtree(writing)
             return
         write_record(writing, {**self._written_by, "step": step,
-                               "steps_per_epoch": self.params.get("steps")})
+                               "steps_per_epoch": self.params.get("steps"),
+                               "global_batch_size": self._global_batch})
         seal(writing)  # last: a backup with a sound record is a whole backup
         existing = self.backups()
         number = int(_BACKUP.match(os.path.basename(existing[-1])).group(1)) + 1 if (

@@ -32,6 +32,16 @@ from strategykit.made import model_scope, remade_data, strategies
 from strategykit.upstream import state_steps
 
 _WEIGHTED = weakref.WeakKeyDictionary()  # distributed datasets made here that carry weights
+_GLOBAL_BATCH = weakref.WeakKeyDictionary()  # distributed dataset made here -> its global batch
+
+
+def global_batch_size_of(dataset) -> int | None:
+    """The `global_batch_size` that `sk.shard` made `dataset` with; None for any other
+    data (a backup counts the examples of its steps in it)."""
+    try:
+        return _GLOBAL_BATCH.get(dataset)
+    except TypeError:  # not weakly referable: not one of sk.shard's
+        return None
 
 
 def per_replica_batch_size(strategy: tf.distribute.Strategy, global_batch_size: int) -> int:
@@ -253,6 +263,7 @@ def shard(
             attach_stream(distributed, PassEachEpoch(lambda: distribute(**options),
                                                      element_spec=own_specs[0]))
         _WEIGHTED[distributed] = True
+        _GLOBAL_BATCH[distributed] = int(global_batch_size)
         remade_data.register(distributed, lambda **changes: made(**{**options, **changes}),
                              options)
         predict_input.register(

@@ -22,6 +22,7 @@ import weakref
 import keras
 
 _ADAPTERS = weakref.WeakKeyDictionary()  # model -> the data adapter of its last build
+_DATA = weakref.WeakKeyDictionary()  # model -> the distributed dataset of its last build
 
 
 def note(model, epoch_iterator) -> None:
@@ -30,6 +31,13 @@ def note(model, epoch_iterator) -> None:
     adapter = getattr(epoch_iterator, "data_adapter", None)
     if adapter is not None:
         _ADAPTERS[model] = adapter
+    _DATA[model] = getattr(epoch_iterator, "_distributed_dataset", None)
+
+
+def last_data(model):
+    """The distributed dataset (`sk.shard`'s, say) `model` was last built for in `fit()`
+    or `evaluate()` on a strategy of strategykit's; None for other data or strategies."""
+    return _DATA.get(model)
 
 
 class TrainingData(keras.callbacks.Callback):

@@ -145,11 +145,33 @@ def test_sighup_backs_up_and_stops_like_sigterm(tmp_path):
     data = sk.shard(_data96(), model.distribute_strategy, global_batch_size=32,
                     shuffle=True, seed=5)
     with pytest.raises(ValueError, match=(
-            r"was written after step 3 of 6 of an epoch, and an epoch now has 3 steps: the "
-            r"data or its global batch size changed.*Received: 6 steps an epoch then, 3 "
-            r"now\. Resume with the data and global batch size of the run that wrote it")):
+            r"after step 3 of an epoch with global_batch_size=16, and this fit\(\)'s "
+            r"sk\.shard data has global_batch_size=32: resuming would skip 96 examples of "
+            r"the epoch instead of the 48 done\. Received: global_batch_size=16 then, 32 "
+            r"now\. Resume with sk\.shard\(\.\.\., global_batch_size=16\)")):
         model.fit(data, epochs=3, verbose=0,
                   callbacks=[sk.callbacks.BackupAndRestore(tmp_path / "b")])
+
+
+def test_a_mid_epoch_resume_with_another_batch_of_the_same_steps_is_refused(tmp_path):
+    """96 examples make 6 steps of 16 and 6 of 18: the steps agree, the examples done do
+    not (3 steps of 16 are 48 examples, of 18 would be 54)."""
+    backup = sk.callbacks.BackupAndRestore(tmp_path / "b")
+    with pytest.raises(SystemExit):
+        _fit(2, [_Sigterm(epoch=0, step=3), backup], epochs=2, examples=96, seed=5)
+    model = _model(2, False)()
+    model._initial_epoch = None
+    data = sk.shard(_data96(), model.distribute_strategy, global_batch_size=18,
+                    shuffle=True, seed=5)
+    epochs = _Epochs()
+    with pytest.raises(ValueError, match=(
+            r"global_batch_size=16, and this fit\(\)'s sk\.shard data has "
+            r"global_batch_size=18: resuming would skip 54 examples of the epoch instead "
+            r"of the 48 done")):
+        model.fit(data, epochs=2, verbose=0, callbacks=[
+            sk.callbacks.BackupAndRestore(tmp_path / "b"), epochs])
+    assert epochs.seen == []  # refused before any epoch trained
+    assert len(os.listdir(tmp_path / "b")) == 1  # the backup kept
 
 
 def _data96():
