@@ -205,6 +205,10 @@ CASES = [
     # sk.SyncBatchNormalization, sk.convert_sync_batchnorm
     ("SyncBatchNormalization", lambda c: sk.SyncBatchNormalization(synchronized=False),
      ("synchronized", "Received: synchronized=False", "keras.layers.BatchNormalization")),
+    ("SyncBatchNormalization axes", lambda c: sk.SyncBatchNormalization(axis=[1, 2]),
+     ("one channel axis", "Received: axis=[1, 2]", "keras.layers.Reshape")),
+    ("SyncBatchNormalization rank 1", lambda c: sk.SyncBatchNormalization()(np.zeros(4)),
+     ("inputs of rank 2 or more", "Received: input_shape=(4,)", "x[:, None]")),
     ("convert None", lambda c: sk.convert_sync_batchnorm(None),
      ("Keras model", "Received: model=None", "keras.Sequential or Functional")),
     ("convert layer", lambda c: sk.convert_sync_batchnorm(keras.layers.BatchNormalization()),
