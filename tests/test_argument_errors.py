@@ -376,3 +376,19 @@ def test_a_fresh_interpreter_with_the_variable_set(stand_in_tf_keras):
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
                           text=True, timeout=240)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+
+
+def test_a_callback_class_is_named_for_strategykit_models_only(ctx):
+    with ctx.strategy.scope():
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        model.compile("sgd", "mse")
+    data = sk.shard((ctx.x, ctx.y), ctx.strategy, global_batch_size=4)
+    with pytest.raises(TypeError, match=r"callbacks must be callback instances, and this is "
+                       r"a class\. Received: callbacks=\[\.\.\., CrossReplicaLoss, \.\.\.\]\. "
+                       r"Pass CrossReplicaLoss\(\)"):
+        model.fit(data, callbacks=[sk.callbacks.CrossReplicaLoss], verbose=0, shuffle=False)
+    with pytest.raises(TypeError, match=r"Pass TerminateOnNaN\(\)"):
+        model.evaluate(data, callbacks=[keras.callbacks.TerminateOnNaN], verbose=0)
+    # A model of no strategykit strategy gets Keras's own error, as without strategykit
+    with pytest.raises(TypeError, match="set_model"):
+        ctx.model.fit(ctx.x, ctx.y, callbacks=[keras.callbacks.TerminateOnNaN], verbose=0)
