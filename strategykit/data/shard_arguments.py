@@ -8,15 +8,18 @@ received and the fix.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 INT32_MAX = 2**31 - 1  # tf.data's batch sizes and indices are int32
 SEED_MAX = 2**32 - 1  # numpy's seeds; the epoch's seed is seed * 1_000_003 + epoch in int64
 
 
-def check_count(name: str, value, *, low: int, high: int, example: int, what: str) -> int:
+def check_count(name: str, value, *, low: int, high: int, example: int, what: str,
+                too_large: str = "") -> int:
     """`value` as an int when it is one (not a bool) from `low` to `high`; else ValueError
-    saying it must be `what`.
+    saying it must be `what` (and, for an int above `high`, `too_large`).
 
     Example:
         >>> check_count("seed", np.int64(3), low=0, high=SEED_MAX, example=42, what="an int")
@@ -24,8 +27,9 @@ def check_count(name: str, value, *, low: int, high: int, example: int, what: st
     """
     if (isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer))
             or not low <= value <= high):
-        raise ValueError(
-            f"{name} must be {what}. Received: {name}={value!r}. Use e.g. {name}={example}.")
+        note = too_large if isinstance(value, (int, np.integer)) and value > high else ""
+        raise ValueError(f"{name} must be {what}. Received: {name}={value!r}{note}. Use e.g. "
+                         f"{name}={example}.")
     return int(value)
 
 
@@ -45,12 +49,14 @@ def check_shuffle_buffer(shuffle_buffer) -> None:
 
 
 def check_size(size: int, global_batch_size: int, remainder: str, replicas: int) -> None:
-    """Raises ValueError for data of no batch, or a global batch larger than it needs.
+    """Raises ValueError for data of no batch; warns of a global batch far above it.
 
-    A global batch larger than the data, rounded up to a multiple of the replicas, makes
-    the same one step of every example as that rounded size (padded copies weigh
-    nothing, and the real ones weigh `global_batch_size / size`): the rest is copies,
-    millions for a large batch. So it is refused, naming the size that holds it all.
+    A global batch larger than the data is legitimate (Keras takes one on one device: a
+    validation set smaller than the training batch, a tiny data set), and makes the same
+    one step of every example as the data's size rounded up to a multiple of the
+    replicas: padded copies weigh nothing, the real examples `global_batch_size / size`.
+    Its further slots are copies, millions for a huge batch, so more than twice that
+    size is warned of, naming the size that holds it all; it is not refused.
     """
     if size == 0 or (remainder == "drop" and size < global_batch_size):
         raise ValueError(
@@ -59,12 +65,9 @@ def check_size(size: int, global_batch_size: int, remainder: str, replicas: int)
             f"{remainder == 'drop'}. Pass more data or a smaller global_batch_size."
         )
     whole = -(-size // replicas) * replicas  # every example in one step
-    if global_batch_size > whole:
-        raise ValueError(
-            f"global_batch_size is larger than the data: a step of {whole} already holds all "
-            f"{size} examples, and a larger one makes the same step, its further slots "
-            f"padded copies. Received: global_batch_size={global_batch_size} for {size} "
-            f"examples on {replicas} "
-            f"replica{'s' if replicas > 1 else ''}. Pass global_batch_size={whole} (every "
-            f"example in one step) or less, a multiple of {replicas}."
-        )
+    if remainder == "pad" and replicas > 1 and global_batch_size > 2 * whole:
+        warnings.warn(
+            f"global_batch_size={global_batch_size} is more than twice the data: the one "
+            f"step of all {size} examples is padded with {global_batch_size - size} copies "
+            f"(of weight -0.0: the loss and metrics are those of "
+            f"global_batch_size={whole}). Pass global_batch_size={whole} to skip them.", UserWarning, stacklevel=3)

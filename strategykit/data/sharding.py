@@ -58,7 +58,8 @@ def per_replica_batch_size(strategy: tf.distribute.Strategy, global_batch_size: 
     check_strategy(strategy)
     replicas = strategy.num_replicas_in_sync
     check_count("global_batch_size", global_batch_size, low=1, high=INT32_MAX,
-                example=32 * replicas, what="a positive integer below 2**31 (int32)")
+                example=32 * replicas, what="a positive integer",
+                too_large=", above 2**31 - 1 (tf.data's batch sizes are int32)")
     if global_batch_size % replicas:
         raise ValueError(
             f"global_batch_size={global_batch_size} does not divide evenly over {replicas} "
@@ -162,6 +163,10 @@ def shard(
 
     Returns:
         A `tf.distribute.DistributedDataset`.
+
+    Warns:
+        UserWarning: a padded `global_batch_size` more than twice the data's size (rounded
+            up to a multiple of the replicas): its one step is mostly padded copies.
 
     Raises:
         ValueError: a batch size that does not divide over the replicas, of 2**31 or

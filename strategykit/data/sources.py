@@ -189,7 +189,7 @@ def _as_arrays(data, path="data"):
         return {key: _as_arrays(value, f"{path}[{key!r}]") for key, value in data.items()}
     try:
         array = np.asarray(data)
-    except ValueError as error:  # numpy: "inhomogeneous shape"
+    except ValueError:  # numpy: "inhomogeneous shape"
         raise _ragged(data, path) from None
     if array.dtype == object and not all(isinstance(value, (str, bytes))
                                          for value in array.ravel()):
