@@ -70,4 +70,5 @@ def check_size(size: int, global_batch_size: int, remainder: str, replicas: int)
             f"global_batch_size={global_batch_size} is more than twice the data: the one "
             f"step of all {size} examples is padded with {global_batch_size - size} copies "
             f"(of weight -0.0: the loss and metrics are those of "
-            f"global_batch_size={whole}). Pass global_batch_size={whole} to skip them.", UserWarning, stacklevel=3)
+            f"global_batch_size={whole}). Pass global_batch_size={whole} to skip them.",
+            UserWarning, stacklevel=3)

@@ -26,8 +26,13 @@ from strategykit.cluster.strategy_argument import check_strategy
 from strategykit.data import position, predict_input
 from strategykit.data.batching import split_labels
 from strategykit.data.pipeline import make_pipeline
-from strategykit.data.shard_arguments import (INT32_MAX, check_count, check_seed,
-                                               check_shuffle_buffer, check_size)
+from strategykit.data.shard_arguments import (
+    INT32_MAX,
+    check_count,
+    check_seed,
+    check_shuffle_buffer,
+    check_size,
+)
 from strategykit.data.sources import examples_source
 from strategykit.data.stream import EpochStream, PassEachEpoch, attach_stream
 from strategykit.made import model_scope, remade_data, strategies
