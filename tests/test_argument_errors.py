@@ -94,12 +94,58 @@ CASES = [
      ("not a list of examples", "Received: a list of 32 tuples", "np.stack")),
     ("shard ragged list", lambda c: sk.shard(([[1, 2], [3]], [0, 1]), c.strategy,
                                             global_batch_size=2),
-     ("do not stack into one", "Received: a list of examples of different shapes",
+     ("examples of data[0] differ: example 0 has shape (2,) and example 1 has shape (1,)",
+      "Received: data[0], a list of examples of different shapes",
       "keras.utils.pad_sequences")),
     ("shard object array", lambda c: sk.shard(
-        np.array([np.zeros(2), np.zeros(3)], dtype=object), c.strategy, global_batch_size=2),
-     ("do not stack into one (an array of dtype object)",
-      "Received: a ndarray of examples of different shapes", "keras.utils.pad_sequences")),
+        {"a": np.array([np.zeros(2), np.zeros(3)], dtype=object)}, c.strategy,
+        global_batch_size=2),
+     ("examples of data['a'] differ: example 0 has shape (2,) and example 1 has shape (3,)",
+      "Received: data['a'], a ndarray of examples", "keras.utils.pad_sequences")),
+    # sk.shard of inputs that failed deep or silently (issue 55)
+    ("shard empty dict", lambda c: sk.shard({}, c.strategy, global_batch_size=4),
+     ("data holds no arrays", "Received: data={}", "(x, y)")),
+    ("shard empty tuple", lambda c: sk.shard((), c.strategy, global_batch_size=4),
+     ("data holds no arrays", "Received: data=()", "(x, y)")),
+    ("shard empty features", lambda c: sk.shard(({}, c.y), c.strategy, global_batch_size=4),
+     ("data[0] holds no arrays", "Received: data[0]={}", "(x, y)")),
+    ("shard batch beyond int32", lambda c: sk.shard(c.x, c.strategy, global_batch_size=2**31),
+     ("global_batch_size must be a positive integer",
+      "Received: global_batch_size=2147483648, above 2**31 - 1", "global_batch_size=64")),
+    ("shard seed text", lambda c: sk.shard(c.x, c.strategy, global_batch_size=4,
+                                           shuffle=True, seed="abc"),
+     ("seed must be None or an integer", "Received: seed='abc'", "seed=42")),
+    ("shard seed float", lambda c: sk.shard(c.x, c.strategy, global_batch_size=4, seed=1.5),
+     ("seed must be None or an integer", "Received: seed=1.5", "seed=42")),
+    ("shard seed bool", lambda c: sk.shard(c.x, c.strategy, global_batch_size=4, seed=True),
+     ("seed must be None or an integer", "Received: seed=True", "seed=42")),
+    ("shard seed negative", lambda c: sk.shard(c.x, c.strategy, global_batch_size=4,
+                                               shuffle=True, seed=-1),
+     ("from 0 to 2**32 - 1", "Received: seed=-1", "seed=42")),
+    ("shard buffer 0", lambda c: sk.shard(c.x, c.strategy, global_batch_size=4, shuffle=True,
+                                          shuffle_buffer=0),
+     ("shuffle_buffer must be None", "Received: shuffle_buffer=0", "shuffle_buffer=10000")),
+    ("shard buffer -1", lambda c: sk.shard(c.x, c.strategy, global_batch_size=4, shuffle=True,
+                                           shuffle_buffer=-1),
+     ("a positive number of examples", "Received: shuffle_buffer=-1", "shuffle_buffer=")),
+    ("shard buffer float", lambda c: sk.shard(c.x, c.strategy, global_batch_size=4,
+                                              shuffle=True, shuffle_buffer=2.5),
+     ("a positive number of examples", "Received: shuffle_buffer=2.5", "shuffle_buffer=")),
+    ("shard function without context", lambda c: sk.shard(
+        lambda: tf.data.Dataset.range(8), c.strategy, global_batch_size=4),
+     ("takes no such argument", "Received: <lambda>()", "def make_dataset(input_context)")),
+    ("shard windows", lambda c: sk.shard(tf.data.Dataset.range(8).window(2), c.strategy,
+                                         global_batch_size=4),
+     ("elements that are datasets themselves (windows", "Received: element_spec=DatasetSpec",
+      ".flat_map(lambda w: w.batch(n))")),
+    ("shard function of windows", lambda c: sk.shard(
+        lambda context: tf.data.Dataset.range(8).window(2), c.strategy, global_batch_size=4),
+     ("fn(input_context) has elements that are datasets", "Received: element_spec=",
+      ".window(n, drop_remainder=True)")),
+    ("shard ragged dataset", lambda c: sk.shard(tf.data.Dataset.from_tensor_slices(
+        tf.ragged.constant([[1, 2], [3]])), c.strategy, global_batch_size=2),
+     ("ragged elements", "Received: element_spec=RaggedTensorSpec",
+      "keras.utils.pad_sequences")),
     ("shard -0.0 weight", lambda c: sk.shard((c.x, c.y, np.where(c.y > 50, 1.0, -0.0)),
                                             c.strategy, global_batch_size=4),
      ("sample_weight holds -0.0", "Received: -0.0 at example 0 and", "sample_weight + 0.0")),
@@ -150,6 +196,10 @@ CASES = [
     # sk.SyncBatchNormalization, sk.convert_sync_batchnorm
     ("SyncBatchNormalization", lambda c: sk.SyncBatchNormalization(synchronized=False),
      ("synchronized", "Received: synchronized=False", "keras.layers.BatchNormalization")),
+    ("SyncBatchNormalization axes", lambda c: sk.SyncBatchNormalization(axis=[1, 2]),
+     ("one channel axis", "Received: axis=[1, 2]", "keras.layers.Reshape")),
+    ("SyncBatchNormalization rank 1", lambda c: sk.SyncBatchNormalization()(np.zeros(4)),
+     ("inputs of rank 2 or more", "Received: input_shape=(4,)", "x[:, None]")),
     ("convert None", lambda c: sk.convert_sync_batchnorm(None),
      ("Keras model", "Received: model=None", "keras.Sequential or Functional")),
     ("convert layer", lambda c: sk.convert_sync_batchnorm(keras.layers.BatchNormalization()),
@@ -317,3 +367,30 @@ def test_a_fresh_interpreter_with_the_variable_set(stand_in_tf_keras):
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
                           text=True, timeout=240)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+
+
+def test_a_callback_class_is_named_for_strategykit_models_only(ctx):
+    with ctx.strategy.scope():
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        model.compile("sgd", "mse")
+    data = sk.shard((ctx.x, ctx.y), ctx.strategy, global_batch_size=4)
+    with pytest.raises(TypeError, match=r"callbacks must be callback instances, and this is "
+                       r"a class\. Received: callbacks=\[\.\.\., CrossReplicaLoss, \.\.\.\]\. "
+                       r"Pass CrossReplicaLoss\(\)"):
+        model.fit(data, callbacks=[sk.callbacks.CrossReplicaLoss], verbose=0, shuffle=False)
+    with pytest.raises(TypeError, match=r"Pass TerminateOnNaN\(\)"):
+        model.evaluate(data, callbacks=[keras.callbacks.TerminateOnNaN], verbose=0)
+    # A model of no strategykit strategy gets Keras's own error, as without strategykit
+    with pytest.raises(TypeError, match="set_model"):
+        ctx.model.fit(ctx.x, ctx.y, callbacks=[keras.callbacks.TerminateOnNaN], verbose=0)
+
+
+def test_a_batch_far_above_the_data_is_warned_of_not_refused(ctx):
+    with pytest.warns(UserWarning, match=r"global_batch_size=1048576 is more than twice the "
+                      r"data: the one step of all 9 examples is padded with 1048567 copies "
+                      r".*Pass global_batch_size=10 to skip them"):
+        sk.shard(ctx.x[:9], ctx.strategy, global_batch_size=2**20)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a batch above the data, as Keras takes one
+        sk.shard(ctx.x[:9], ctx.strategy, global_batch_size=16)
+        sk.shard(ctx.x[:9], ctx.strategy, global_batch_size=64, pad_remainder=False)

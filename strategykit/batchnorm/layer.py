@@ -10,6 +10,7 @@ is `keras.layers.BatchNormalization` unchanged.
 from __future__ import annotations
 
 import keras
+import numpy as np
 import tensorflow as tf
 from keras import ops
 
@@ -54,7 +55,9 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
         **kwargs: the other arguments of `keras.layers.BatchNormalization`.
 
     Raises:
-        ValueError: `synchronized=False` or `renorm=True`.
+        ValueError: `synchronized=False`, `renorm=True`, an `axis` that is not one int
+            (a list of axes: Keras's `BatchNormalization` takes one too), or, when
+            built, inputs of rank 1 (no channel axis beside the batch).
 
     Example:
         >>> import keras, strategykit as sk
@@ -81,10 +84,26 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
                 f"renorm={renorm!r}. Use keras.layers.BatchNormalization(renorm=True, "
                 "synchronized=True) for synchronized renormalization."
             )
+        axis = args[0] if args else kwargs.get("axis", -1)
+        if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+            raise ValueError(
+                "SyncBatchNormalization normalizes one channel axis, as "
+                "keras.layers.BatchNormalization does (its axis is an int). Received: "
+                f"axis={axis!r}. Pass one axis, e.g. axis=-1; for moments over several "
+                "axes, merge them into one first (keras.layers.Reshape).")
         # The parent's own synchronization stays off: this class does it in `call`, and
         # where it delegates to the parent (one replica, inference) none is needed.
         super().__init__(*args, synchronized=False, **kwargs)
         track_saved_layer(self)
+
+    def build(self, input_shape):
+        if len(input_shape) < 2:
+            raise ValueError(
+                "SyncBatchNormalization needs inputs of rank 2 or more, (batch, ..., "
+                "channels): in rank 1 the one axis is the batch, which the replicas split, "
+                f"so there is no channel to normalize. Received: input_shape={input_shape}. "
+                "Give the inputs a channel axis: x[:, None], or keras.layers.Reshape((1,)).")
+        super().build(input_shape)
 
     def call(self, inputs, training=None, mask=None):
         context = tf.distribute.get_replica_context()

@@ -26,7 +26,14 @@ from strategykit.cluster.strategy_argument import check_strategy
 from strategykit.data import position, predict_input
 from strategykit.data.batching import split_labels
 from strategykit.data.pipeline import make_pipeline
-from strategykit.data.sources import check_size, examples_source
+from strategykit.data.shard_arguments import (
+    INT32_MAX,
+    check_count,
+    check_seed,
+    check_shuffle_buffer,
+    check_size,
+)
+from strategykit.data.sources import examples_source
 from strategykit.data.stream import EpochStream, PassEachEpoch, attach_stream
 from strategykit.made import model_scope, remade_data, strategies
 from strategykit.upstream import state_steps
@@ -55,7 +62,8 @@ def per_replica_batch_size(strategy: tf.distribute.Strategy, global_batch_size: 
         The per-replica batch size.
 
     Raises:
-        ValueError: `global_batch_size` is not a positive multiple of the replicas.
+        ValueError: `global_batch_size` is not a positive multiple of the replicas, or
+            not below 2**31 (tf.data's batch sizes are int32).
 
     Example:
         >>> import strategykit as sk
@@ -64,12 +72,9 @@ def per_replica_batch_size(strategy: tf.distribute.Strategy, global_batch_size: 
     """
     check_strategy(strategy)
     replicas = strategy.num_replicas_in_sync
-    if (not isinstance(global_batch_size, (int, np.integer)) or isinstance(global_batch_size, bool)
-            or global_batch_size < 1):
-        raise ValueError(
-            f"global_batch_size must be a positive integer. Received: global_batch_size="
-            f"{global_batch_size!r}. Use e.g. global_batch_size={32 * replicas}."
-        )
+    check_count("global_batch_size", global_batch_size, low=1, high=INT32_MAX,
+                example=32 * replicas, what="a positive integer",
+                too_large=", above 2**31 - 1 (tf.data's batch sizes are int32)")
     if global_batch_size % replicas:
         raise ValueError(
             f"global_batch_size={global_batch_size} does not divide evenly over {replicas} "
@@ -174,11 +179,20 @@ def shard(
     Returns:
         A `tf.distribute.DistributedDataset`.
 
+    Warns:
+        UserWarning: a padded `global_batch_size` more than twice the data's size (rounded
+            up to a multiple of the replicas): its one step is mostly padded copies.
+
     Raises:
-        ValueError: a batch size that does not divide over the replicas, data that is
-            already batched, of unequal lengths, empty, or of an unsupported type (a
-            model, say), an `augment` that is not a function, a `strategy` that is not
-            one, or `shuffle=True` without a seed across several workers.
+        ValueError: a batch size that does not divide over the replicas, of 2**31 or
+            more, or larger than the data needs (more than its size rounded up to a
+            multiple of the replicas: the rest would be padded copies); a `seed` that is
+            not an int from 0 to 2**32 - 1 or a `shuffle_buffer` not a positive int;
+            data that is already batched, of windows (`.window()`) or ragged tensors, of
+            unequal lengths or examples of different shapes, empty (`{}`, `()`, zero
+            examples), or of an unsupported type (a model, say); a function that takes no
+            `input_context`; an `augment` that is not a function, a `strategy` that is
+            not one, or `shuffle=True` without a seed across several workers.
 
     Example:
         >>> import numpy as np, strategykit as sk
@@ -189,6 +203,8 @@ def shard(
         [[[0, 1], [2, 3]], [[4, 5], [6, 7]], [[8], [9]]]
     """
     per_replica_batch_size(strategy, global_batch_size)
+    check_seed(seed)
+    check_shuffle_buffer(shuffle_buffer)
     if augment is not None and not callable(augment):
         raise ValueError(
             "augment must be a function, run on every example before batching. Received: "
@@ -202,7 +218,7 @@ def shard(
         remainder = "split"  # one replica takes the final partial batch as it is
     source, size = examples_source(data)
     if size is not None:
-        check_size(size, global_batch_size, remainder)
+        check_size(size, global_batch_size, remainder, strategy.num_replicas_in_sync)
     if shuffle and seed is None and not callable(data) and is_multi_worker(strategy):
         raise ValueError(
             "shuffle=True across several workers needs a seed: every worker reads the "

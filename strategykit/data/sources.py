@@ -7,6 +7,7 @@ batched twice.
 
 from __future__ import annotations
 
+import inspect
 import types
 
 import keras
@@ -25,6 +26,7 @@ def examples_source(data):
             " an unbatched tf.data.Dataset, or fn(input_context) -> tf.data.Dataset, and "
             "the model to fit() afterwards.")
     if callable(data) and not isinstance(data, tf.data.Dataset):
+        _check_takes_a_context(data)
         return (lambda context: check_unbatched(data(context), "fn(input_context)")), None
     if isinstance(data, tf.data.Dataset):
         check_unbatched(data, "data")
@@ -41,6 +43,23 @@ def examples_source(data):
     if isinstance(arrays, tuple) and len(arrays) == 3:
         _check_no_negative_zero(arrays[2])
     return (lambda context: tf.data.Dataset.from_tensor_slices(arrays)), size
+
+
+def _check_takes_a_context(function) -> None:
+    """Raises ValueError for a function that cannot be called with one argument, the
+    `tf.distribute.InputContext` that `distribute_datasets_from_function` passes."""
+    try:
+        inspect.signature(function).bind(None)
+    except ValueError:  # no signature to read (a builtin): let the call tell
+        return
+    except TypeError:
+        name = getattr(function, "__name__", type(function).__name__)
+        raise ValueError(
+            "A function passed as data is called with the input_context of each input "
+            "pipeline (tf.distribute's distribute_datasets_from_function), and this one "
+            f"takes no such argument. Received: {name}{inspect.signature(function)}. "
+            "Define it as def make_dataset(input_context): ... (it may ignore it), or pass "
+            "the tf.data.Dataset itself.") from None
 
 
 def _check_no_negative_zero(sample_weight) -> None:
@@ -66,6 +85,7 @@ def check_unbatched(dataset, what: str) -> tf.data.Dataset:
             f"{what} must be a tf.data.Dataset. Received: {type(dataset).__name__}. Return "
             "an unbatched tf.data.Dataset of examples."
         )
+    _check_no_nested_elements(dataset, what)
     found = _batching_transformation(dataset)
     if found:
         raise ValueError(
@@ -74,6 +94,25 @@ def check_unbatched(dataset, what: str) -> tf.data.Dataset:
             "the dataset before .batch(...), or call .unbatch() on it."
         )
     return dataset
+
+
+def _check_no_nested_elements(dataset, what: str) -> None:
+    """Raises ValueError for elements that are datasets (`.window()`) or ragged tensors,
+    which sk.shard cannot batch into one tensor a step."""
+    specs = tf.nest.flatten(dataset.element_spec)
+    if any(isinstance(spec, tf.data.DatasetSpec) for spec in specs):
+        raise ValueError(
+            f"{what} has elements that are datasets themselves (windows, from "
+            f".window()), which sk.shard cannot batch. Received: element_spec="
+            f"{dataset.element_spec}. Turn each window into one example first: "
+            ".window(n, drop_remainder=True).flat_map(lambda w: w.batch(n)) (zip the "
+            "windows of a tuple: lambda x, y: tf.data.Dataset.zip((x.batch(n), y.batch(n)))).")
+    if any(isinstance(spec, tf.RaggedTensorSpec) for spec in specs):
+        raise ValueError(
+            f"{what} has ragged elements (tf.RaggedTensor), which sk.shard cannot batch "
+            f"into one tensor a step. Received: element_spec={dataset.element_spec}. Pad "
+            "every example to one shape first (keras.utils.pad_sequences on the lists of "
+            "examples) and pass the padded arrays.")
 
 
 # tf.data has no public way to ask whether a dataset is batched: its element_spec looks
@@ -124,8 +163,12 @@ def _check_not_batches_or_a_stream(data) -> None:
             f"{_FROM_GENERATOR}.")
 
 
-def _as_arrays(data):
+def _as_arrays(data, path="data"):
     _check_not_batches_or_a_stream(data)
+    if isinstance(data, (tuple, dict)) and not data:
+        raise ValueError(
+            f"{path} holds no arrays: sk.shard has no examples to take. Received: "
+            f"{path}={data!r}. Pass the examples, e.g. (x, y) or {{'image': x, 'label': y}}.")
     if isinstance(data, (str, bytes)) or data is None:
         raise ValueError(
             f"Unsupported data for sk.shard. Received: {type(data).__name__}. Pass numpy "
@@ -139,18 +182,18 @@ def _as_arrays(data):
                 f"a tuple of {len(data)}. Group several inputs in a tuple or dict: "
                 "((x1, x2), y)."
             )
-        return tuple(_as_arrays(part) for part in data)
+        return tuple(_as_arrays(part, f"{path}[{i}]") for i, part in enumerate(data))
     if _is_list_of_inputs(data):  # [x1, x2]: several inputs, as Keras reads a list
-        return tuple(_as_arrays(part) for part in data)
+        return tuple(_as_arrays(part, f"{path}[{i}]") for i, part in enumerate(data))
     if isinstance(data, dict):
-        return {key: _as_arrays(value) for key, value in data.items()}
+        return {key: _as_arrays(value, f"{path}[{key!r}]") for key, value in data.items()}
     try:
         array = np.asarray(data)
-    except ValueError as error:  # numpy: "inhomogeneous shape"
-        raise _ragged(data, f"numpy: {error}") from None
+    except ValueError:  # numpy: "inhomogeneous shape"
+        raise _ragged(data, path) from None
     if array.dtype == object and not all(isinstance(value, (str, bytes))
                                          for value in array.ravel()):
-        raise _ragged(data, "an array of dtype object")
+        raise _ragged(data, path)
     if array.ndim == 0:
         raise ValueError(
             f"data must hold one entry per example. Received: a scalar {data!r}. Pass an "
@@ -159,13 +202,29 @@ def _as_arrays(data):
     return array
 
 
-def _ragged(data, found: str) -> ValueError:
+def _ragged(data, path: str) -> ValueError:
+    first, other = _shapes_that_differ(data)
     return ValueError(
-        f"sk.shard takes arrays with one shape for every example, and these do not stack "
-        f"into one ({found}). Received: a {type(data).__name__} of examples of different "
-        "shapes. Pad them to one length (keras.utils.pad_sequences), or pass an unbatched "
-        "tf.data.Dataset.from_generator(..., output_signature=tf.TensorSpec((None,), dtype)) "
-        "of examples padded to one length (sk.shard stacks the examples of each batch).")
+        f"sk.shard takes arrays with one shape for every example, and the examples of "
+        f"{path} differ: {first} and {other}. Received: {path}, a {type(data).__name__} of "
+        "examples of different shapes. Pad them to one shape (keras.utils.pad_sequences "
+        "for sequences) and pass the padded array; a tf.RaggedTensor or tf.data of "
+        "variable-length examples cannot be batched into one tensor a step either.")
+
+
+def _shapes_that_differ(data) -> tuple[str, str]:
+    """The first example's shape and the first that differs, as `example i has shape s`."""
+    first = None
+    for index, example in enumerate(data):
+        try:
+            shape = f"shape {np.shape(example)}"
+        except ValueError:  # itself of different lengths inside
+            shape = "rows of different lengths"
+        if index == 0:
+            first = shape
+        elif shape != first:
+            return f"example 0 has {first}", f"example {index} has {shape}"
+    return f"example 0 has {first}", "another is of another kind"
 
 
 def _is_list_of_inputs(data) -> bool:
@@ -189,12 +248,3 @@ def _paths(tree, prefix="data"):
             yield from _paths(part, f"{prefix}[{key!r}]")
     else:
         yield prefix, tree
-
-
-def check_size(size, global_batch_size, remainder):
-    if size == 0 or (remainder == "drop" and size < global_batch_size):
-        raise ValueError(
-            f"The data holds {size} examples: no batch to make. Received: {size} examples, "
-            f"global_batch_size={global_batch_size}, drop_remainder="
-            f"{remainder == 'drop'}. Pass more data or a smaller global_batch_size."
-        )

@@ -34,6 +34,8 @@ def add_to_every_fit(make) -> None:
             class works. Adding the same `make` again does nothing.
 
     Raises:
+        TypeError: from `fit()`, `evaluate()` or `predict()` of such a model given a
+            callback class instead of an instance (`callbacks=[NanGuard]`).
         UnknownUpstreamCode: from `fit()`, where Keras's `CallbackList.__init__` is not
             one strategykit was checked on.
 
@@ -66,6 +68,8 @@ def remove_from_every_fit(make) -> None:
 
 def _init_with_added(self, callbacks=None, add_history=False, add_progbar=False, model=None,
                      **params):
+    if model is not None and strategies.sharded_for(model.distribute_strategy):
+        _check_instances(callbacks)
     original(keras.callbacks.CallbackList, "__init__")(self, callbacks, add_history,
                                                        add_progbar, model, **params)
     if model is None or not strategies.sharded_for(model.distribute_strategy):
@@ -77,6 +81,17 @@ def _init_with_added(self, callbacks=None, add_history=False, add_progbar=False,
                 callback.set_model(model)
             callback.set_params(params)
             self.callbacks.append(callback)
+
+
+def _check_instances(callbacks) -> None:
+    """Raises TypeError for a callback class in the list (Keras: `set_model() missing 1
+    required positional argument`, from deep in `fit()`)."""
+    for callback in (callbacks if isinstance(callbacks, (list, tuple)) else ()):
+        if isinstance(callback, type):
+            raise TypeError(
+                "callbacks must be callback instances, and this is a class. Received: "
+                f"callbacks=[..., {callback.__name__}, ...]. Pass {callback.__name__}() "
+                "(with its arguments) instead.")
 
 
 FIXES = (
