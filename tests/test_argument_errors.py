@@ -193,6 +193,12 @@ CASES = [
      ("epochs", "Received: epochs='2'", "epochs=")),
     ("shard_tfds name", lambda c: sk.shard_tfds(1, "train", c.strategy, global_batch_size=4),
      ("name", "Received: name=1", "'mnist'")),
+    ("shard_tfds seed", lambda c: sk.shard_tfds("mnist", "train", c.strategy,
+                                                global_batch_size=4, seed="abc"),
+     ("seed must be None or an integer", "Received: seed='abc'", "seed=42")),
+    ("shard_tfds buffer 0", lambda c: sk.shard_tfds("mnist", "train", c.strategy,
+                                                    global_batch_size=4, shuffle_buffer=0),
+     ("shuffle_buffer must be None", "Received: shuffle_buffer=0", "shuffle_buffer=10000")),
     # sk.SyncBatchNormalization, sk.convert_sync_batchnorm
     ("SyncBatchNormalization", lambda c: sk.SyncBatchNormalization(synchronized=False),
      ("synchronized", "Received: synchronized=False", "keras.layers.BatchNormalization")),

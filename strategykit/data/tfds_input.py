@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from strategykit.cluster.roles import is_multi_worker
 from strategykit.data import predict_input
+from strategykit.data.shard_arguments import check_seed, check_shuffle_buffer
 from strategykit.data.sharding import shard
 
 
@@ -245,6 +246,8 @@ def shard_tfds(
                 f"{argument} must be a string. Received: {argument}={value!r}. Pass e.g. "
                 + ("name='mnist', a TFDS dataset name." if argument == "name"
                    else "split='train' (or 'test', 'train[:80%]')."))
+    check_seed(seed)  # before TFDS reads anything
+    check_shuffle_buffer(shuffle_buffer)
     builder = prepared_builder(name, data_dir)
     size = _split_size(builder, split)
     if builder.is_prepared():
