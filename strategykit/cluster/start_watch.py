@@ -80,7 +80,8 @@ def waiting_message(me: str, addresses: Mapping[str, str], missing: list[str],
     """What a worker waiting `waited` seconds for its peers says."""
     if missing:
         names = ", ".join(f"{name} ({addresses[name]})" for name in missing)
-        what = f"{names} never connected: nothing answers at {'its' if len(missing) == 1 else 'their'} address"
+        their = "its" if len(missing) == 1 else "their"
+        what = f"{names} never connected: nothing answers at {their} address"
     else:
         what = "every peer's port answers, but the cluster has not formed"
     end = (f"exiting with code 1 after {timeout:g} s" if timeout

@@ -136,8 +136,8 @@ def check_path(path: str) -> None:
     except FileNotFoundError:
         folder = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(folder):
-            raise ValueError(f"{PROGRESS_FILE_VARIABLE} names a file in a folder that does not exist. "
-                             f"Received: {path!r}. {fix}") from None
+            raise ValueError(f"{PROGRESS_FILE_VARIABLE} names a file in a folder that does "
+                             f"not exist. Received: {path!r}. {fix}") from None
         return
     if stat.S_ISLNK(status.st_mode):
         what = f"a symbolic link (to {os.readlink(path)!r}), which it would not follow"

@@ -7,10 +7,10 @@ import json
 import os
 import socket
 
-from workers import run_processes
-
 from strategykit.cluster import start_watch
 from strategykit.launcher.worker_env import free_ports
+
+from workers import run_processes
 
 SCRIPT = """
 import strategykit as sk

@@ -52,7 +52,7 @@ def test_a_private_file_is_created_0600_and_never_over_or_through_what_exists(tm
     with open_private(str(tmp_path / "new.log")) as file:
         file.write("ok")
     assert mode(tmp_path / "new.log") == 0o600
-    for kind, path in planted(tmp_path / "planted", victim).items():
+    for path in planted(tmp_path / "planted", victim).values():
         with pytest.raises(OSError):
             open_private(str(path))
     assert victim.read_text() == "precious"

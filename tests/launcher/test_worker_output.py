@@ -11,8 +11,7 @@ import threading
 
 import pytest
 
-from strategykit.launcher.worker_output import (MAX_LINE_CHARS, LineForwarder, Terminal,
-                                                forward)
+from strategykit.launcher.worker_output import MAX_LINE_CHARS, LineForwarder, Terminal, forward
 
 MEGABYTES = 8
 

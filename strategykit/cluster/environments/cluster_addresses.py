@@ -10,7 +10,7 @@ Example:
     >>> check_cluster({"worker": "host1:12345"})
     Traceback (most recent call last):
     ...
-    ValueError: TF_CONFIG field 'cluster.worker' must be a list of "host:port" strings, one per task. Received: cluster.worker='host1:12345' (a str). Use "worker": ["host1:12345"].
+    ValueError: TF_CONFIG field 'cluster.worker' must be a list of "host:port" strings, ...
 """
 
 from __future__ import annotations
