@@ -220,7 +220,9 @@ def test_keras_sees_the_steps_and_trains_as_one_device(make_strategy, data_dir, 
         assert seen.steps == steps
         bars = progress_lines(capsys.readouterr().out)
         assert bars and not [bar for bar in bars if "Unknown" in bar]
-        assert [bar.split(" ")[0] for bar in bars].count(f"{steps}/{steps}") == 2
+        counts = [bar.split(" ")[0] for bar in bars]  # Keras redraws a bar on a timer:
+        assert counts.count(f"{steps}/{steps}") >= 2  # each epoch's ends at N/N, maybe twice
+        assert {count.split("/")[1] for count in counts} == {str(steps)}
         for got, want in zip(model.get_weights(), reference.get_weights()):
             np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
 
