@@ -38,8 +38,8 @@ from strategykit.data.stream import EpochStream, PassEachEpoch, attach_stream
 from strategykit.made import model_scope, remade_data, strategies
 from strategykit.upstream import state_steps
 
-_WEIGHTED = weakref.WeakKeyDictionary()  # distributed datasets made here that carry weights
-_GLOBAL_BATCH = weakref.WeakKeyDictionary()  # distributed dataset made here -> its global batch
+# distributed dataset made here (they carry weights) -> its global batch size
+_GLOBAL_BATCH = weakref.WeakKeyDictionary()
 
 
 def global_batch_size_of(dataset) -> int | None:
@@ -184,9 +184,8 @@ def shard(
             up to a multiple of the replicas): its one step is mostly padded copies.
 
     Raises:
-        ValueError: a batch size that does not divide over the replicas, of 2**31 or
-            more, or larger than the data needs (more than its size rounded up to a
-            multiple of the replicas: the rest would be padded copies); a `seed` that is
+        ValueError: a batch size that does not divide over the replicas, or of 2**31 or
+            more (one larger than the data is warned of, above); a `seed` that is
             not an int from 0 to 2**32 - 1 or a `shuffle_buffer` not a positive int;
             data that is already batched, of windows (`.window()`) or ragged tensors, of
             unequal lengths or examples of different shapes, empty (`{}`, `()`, zero
@@ -278,7 +277,6 @@ def shard(
         elif not is_multi_worker(strategy):  # of unknown size: each epoch read to its end
             attach_stream(distributed, PassEachEpoch(lambda: distribute(**options),
                                                      element_spec=own_specs[0]))
-        _WEIGHTED[distributed] = True
         _GLOBAL_BATCH[distributed] = int(global_batch_size)
         remade_data.register(distributed, lambda **changes: made(**{**options, **changes}),
                              options)
@@ -334,7 +332,7 @@ def replica_batches(ds, strategy: tf.distribute.Strategy, steps: int | None = No
             f"{type(ds).__name__}. Pass sk.shard(data, strategy, global_batch_size=...).")
     if epoch is not None:
         position.set_epoch(epoch)
-    weighted = _WEIGHTED.get(ds, False)
+    weighted = global_batch_size_of(ds) is not None
     result = []
     for step, element in enumerate(ds):
         if steps is not None and step >= steps:
