@@ -134,21 +134,33 @@ def filter_stderr(dropped_to: int | None = None) -> None:
 def _forward(read_end: int, kept_to: int, dropped_to: int | None) -> None:
     """Copies the pipe line by line: TensorFlow's log lines to `dropped_to`, the rest on."""
     pending = b""
+    after_log_line = False  # the last line written was one of TensorFlow's
     with os.fdopen(read_end, "rb", buffering=0) as pipe:
         while chunk := pipe.read(65536):
             pending += chunk
             lines = re.split(rb"(?<=[\r\n])", pending)
             pending = lines.pop()  # no line end yet (b"" when the chunk ended one)
-            if pending[:1] not in (b"", b"I", b"W", b"E", b"F") and not pending[:1].isdigit():
-                lines.append(pending)  # no log line: a prompt or a progress bar, shown now
+            after_log_line = _write(kept_to, dropped_to, lines, after_log_line)
+            starts = (b"", b"I", b"W", b"E", b"F") + ((b"\t",) if after_log_line else ())
+            if pending[:1] not in starts and not pending[:1].isdigit():
+                # No log line: a prompt or a progress bar, shown now.
+                after_log_line = _write(kept_to, dropped_to, [pending], after_log_line)
                 pending = b""
-            _write(kept_to, dropped_to, lines)
-        _write(kept_to, dropped_to, [pending])
+        _write(kept_to, dropped_to, [pending], after_log_line)
 
 
-def _write(kept_to: int, dropped_to: int | None, lines: list[bytes]) -> None:
-    dropped = [TF_LOG_LINE.match(line.decode(errors="replace")) is not None for line in lines]
+def _write(kept_to: int, dropped_to: int | None, lines: list[bytes],
+           after_log_line: bool) -> bool:
+    """Writes `lines` on: TensorFlow's to `dropped_to`, with the lines of a message that
+    go on after its first (`\\t [[{{node ...}}]]`, tab-indented, as TensorFlow continues a
+    status); returns whether the last line was one of TensorFlow's."""
+    dropped = []
+    for line in lines:
+        after_log_line = (TF_LOG_LINE.match(line.decode(errors="replace")) is not None
+                          or (after_log_line and line[:1] == b"\t"))
+        dropped.append(after_log_line)
     for fd, drop in ((kept_to, False), (dropped_to, True)):
         data = b"".join(line for line, is_log in zip(lines, dropped) if is_log == drop)
         while fd is not None and data:
             data = data[os.write(fd, data):]
+    return after_log_line

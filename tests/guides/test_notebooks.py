@@ -31,12 +31,13 @@ def _user_env() -> dict[str, str]:
 
 
 def _tensorflow_log_lines(notebook) -> list[str]:
-    """TensorFlow's C++ log lines in the outputs, and tf.distribute's INFO lines (which
-    TensorFlow prints in notebooks only, one each time an all-reduce is traced)."""
+    """TensorFlow's C++ log lines in the outputs (a status's `\t [[{{node ...}}]]` line
+    too), and tf.distribute's INFO lines (which TensorFlow prints in notebooks only, one
+    each time an all-reduce is traced)."""
     texts = [output.get("text", "") for cell in notebook.cells
              for output in cell.get("outputs", [])]
     return [line for text in texts for line in text.splitlines()
-            if TF_LOG_LINE.match(line) or line.startswith("INFO:tensorflow:")]
+            if TF_LOG_LINE.match(line) or line.startswith(("INFO:tensorflow:", "\t [[{{node"))]
 
 
 def test_there_are_notebooks():
