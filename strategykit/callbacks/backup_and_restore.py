@@ -340,6 +340,10 @@ class BackupAndRestore(keras.callbacks.Callback):
         """
         positions = every_replica(tf.constant(position, tf.int64), strategy).numpy().tolist()
         if len(set(positions)) > 1:
+            try:  # every worker has the positions once all are here: none exits before
+                every_replica(tf.constant(0, tf.int64), strategy)
+            except tf.errors.OpError:  # a worker past this point raised and exited already
+                pass
             by_worker = positions[::len(strategy.extended.worker_devices)]
             resumed = ", ".join(
                 f"worker {k} at epoch {p // 1_000_000}" + (f", step {p % 1_000_000}" * bool(
