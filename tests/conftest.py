@@ -7,6 +7,7 @@ in a fresh process.
 """
 
 import contextlib
+import gc
 import os
 import re
 import subprocess
@@ -56,6 +57,14 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 import strategykit as sk  # noqa: E402
+
+# Each test process runs several hundred tests, whose models and traced functions the
+# cyclic garbage collector's full passes walk again and again: the imported modules are
+# frozen out of them, and a full pass comes after 100 of the middle generation's, not 10
+# (measured on tests/equivalence and tests/callbacks in one process: 14.2 s of garbage
+# collection, 12.2 s of it full passes, against 7.7 s and 5.8 s).
+gc.freeze()
+gc.set_threshold(700, 10, 100)
 
 
 @pytest.fixture

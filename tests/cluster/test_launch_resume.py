@@ -86,14 +86,14 @@ class Record(keras.callbacks.Callback):
 
     def on_train_batch_begin(self, batch, logs=None):
         if run == "0" and (self.epoch, batch) == (1, 2):  # the 2nd epoch, its 3rd step
-            target = {{("sigterm-worker", 1): lambda: os.getpid(),
+            target = {{("sigterm-then-stop", 1): lambda: os.getpid(),
                        ("sigterm-launcher", 0): lambda: int(open(f"{{out}}/launcher-pid").read()),
                        }}.get((how, worker), lambda: None)()
             if target:  # as a scheduler preempting the worker or the whole job would
                 with open(f"{{out}}/sigterm", "w") as file:
                     file.write(str(time.time()))
                 os.kill(target, signal.SIGTERM)
-        if how == "stop-in-epoch-2" and first_attempt and worker == 1 and (
+        if how == "sigterm-then-stop" and attempt == 1 and worker == 1 and (
                 self.epoch, batch) == (2, 3):  # 0-based: the 3rd epoch, its 4th step
             time.sleep(2)  # its report of step 3 written first (a heartbeat a second)
             with open(f"{{out}}/stopped", "w") as file:
@@ -219,25 +219,6 @@ def test_each_restart_resumes_after_the_last_complete_backup_with_the_uninterrup
     assert not (out / "backup").exists()  # deleted at the end of training
 
 
-def test_a_stopped_worker_is_named_and_the_job_restarted_from_its_backup(tmp_path):
-    # TensorFlow ends worker 0 about 10 s after worker 1 stopped sending heartbeats, long
-    # before the default hang timeout (300 s): worker 1 must be named all the same, and
-    # that it is stopped. (The watch's own ending, with fake workers: test_launch.py.)
-    code, err, _, out = _launch(tmp_path, "stop-in-epoch-2", "--restarts", "1")
-    assert code == 0, err[-4000:]
-    assert ("strategykit launch: worker 1 is stopped (process state T: a SIGSTOP or Ctrl-Z) "
-            "after step 3 of epoch 3; worker 0 then exited with code 1 (it lost worker 1); "
-            "stopped the other 1 worker.\n") in err, err[-4000:]
-    assert "Traceback" not in err  # worker 0's, which only echoes it, is in a log file
-    assert "restarting the job (restart 1 of 1)" in err
-    assert _epochs(out, 0) == [0, 1, 2]
-    assert _epochs(out, 1) == [2, 3]  # from the backup after the 2nd epoch
-    _assert_uninterrupted_weights(out)
-    stopped = float((out / "stopped").read_text())
-    restarted = min(float((out / f"began-1-{k}").read_text()) for k in range(2))
-    assert restarted - stopped < 60  # noticed, killed, started again
-
-
 def test_without_restarts_the_backup_resumes_on_one_process_and_then_on_two_workers(
         tmp_path):
     code, err, ended, out = _launch(tmp_path, "at-epoch-2")
@@ -277,18 +258,34 @@ def _sigterm_to_exit(out, launcher_ended=None):
     return launcher_ended - sent
 
 
-def test_sigterm_to_a_worker_backs_up_its_step_and_the_restart_goes_on_from_there(
+def test_a_sigterm_to_a_worker_then_a_stopped_worker_each_restart_the_job_from_its_backup(
         tmp_path):
-    code, err, _, out = _launch(tmp_path, "sigterm-worker", "--restarts", "1")
+    # Two faults, one job. A SIGTERM to worker 1 in the 2nd epoch: every worker backs up
+    # the same step, and the restart goes on from there. In that restart worker 1 stops
+    # (SIGSTOP) in the 3rd epoch: TensorFlow ends worker 0 about 10 s after worker 1 stopped
+    # sending heartbeats, long before the default hang timeout (300 s); worker 1 must be
+    # named all the same, and that it is stopped. (The watch's own ending, with fake
+    # workers: test_launch.py.)
+    code, err, _, out = _launch(tmp_path, "sigterm-then-stop", "--restarts", "2")
     assert code == 0, err[-4000:]
     assert "after a SIGTERM every worker backed up the same step and stopped (exit 42)" in err
     # Worker 1 got it during step 3; the others may be in step 4 by the time they hear.
     assert "backed up epoch 2, step 4" in err
-    assert "restarting the job (restart 1 of 1)" in err
+    assert "restarting the job (restart 1 of 2)" in err
+    assert ("strategykit launch: worker 1 is stopped (process state T: a SIGSTOP or Ctrl-Z) "
+            "after step 3 of epoch 3; worker 0 then exited with code 1 (it lost worker 1); "
+            "stopped the other 1 worker.\n") in err, err[-4000:]
+    assert "Traceback" not in err  # worker 0's, which only echoes it, is in a log file
+    assert "restarting the job (restart 2 of 2)" in err
     assert _steps(out, 0) == {0: 6, 1: 4}
-    assert _steps(out, 1) == {1: 2, 2: 6, 3: 6}  # nothing redone, nothing skipped
+    steps = _steps(out, 1)  # nothing of the 2nd epoch redone, nothing skipped
+    assert steps[1] == 2 and _epochs(out, 1) == [1, 2], steps
+    assert _steps(out, 2) == {2: 6, 3: 6}  # from the backup after the 2nd epoch
     _assert_uninterrupted_weights(out, shuffled=True)
     assert _sigterm_to_exit(out) < 30
+    stopped = float((out / "stopped").read_text())
+    restarted = min(float((out / f"began-2-{k}").read_text()) for k in range(2))
+    assert restarted - stopped < 60  # noticed, killed, started again
 
 
 def test_sigterm_to_the_launcher_backs_up_and_the_same_command_resumes(tmp_path):
