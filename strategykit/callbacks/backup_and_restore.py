@@ -26,11 +26,14 @@ import sys
 import warnings
 
 import keras
-import tensorflow as tf
 
-from strategykit.batchnorm.unsynchronized import unsynchronized_batch_norms
 from strategykit.callbacks.backup_integrity import PRIVATE_DIR, problem_of, seal, sync_directory
-from strategykit.callbacks.backup_record import read_record, record_of, replicas_text, write_record
+from strategykit.callbacks.backup_record import read_record, record_of, write_record
+from strategykit.callbacks.backup_resume import (
+    check_every_worker_restored,
+    check_mid_epoch_resume,
+    warn_if_inexact,
+)
 from strategykit.callbacks.preemption import Preemption
 from strategykit.cluster.chief_files import writable_path
 from strategykit.cluster.roles import is_chief, is_multi_worker
@@ -38,7 +41,6 @@ from strategykit.data import position
 from strategykit.data.sharding import global_batch_size_of
 from strategykit.launcher.worker_contract import PREEMPTED
 from strategykit.pinning.legacy_keras import check_not_keras_2
-from strategykit.strategy.reduction import every_replica
 from strategykit.upstream.keras_batches import last_data
 
 _BACKUP = re.compile(r"^backup-(\d+)$")
@@ -87,14 +89,18 @@ class BackupAndRestore(keras.callbacks.Callback):
     restored, with a warning naming the file and what is wrong; otherwise `fit()` raises,
     naming them and the fix. Backups written by an older strategykit, without a record,
     are refused the same way (delete them to start afresh). Backups are private: folders
-    0700, files 0600, and `backup_dir` 0700 when strategykit makes it. A backup from the
-    middle of an epoch resumes only with the same steps per epoch (the same data and
-    global batch size); an epoch-end backup resumes with any global batch size.
+    0700, files 0600, and `backup_dir` 0700 when strategykit makes it. An epoch-end backup resumes
+    on any data and global batch size. A backup from the middle of an epoch (SIGTERM,
+    `save_freq=N`) resumes only on `sk.shard` data of the same global batch size and
+    steps per epoch, whose pass starts at the next step; other data (arrays that Keras
+    batches, a `tf.data.Dataset`) starts every epoch at its first batch, and would train
+    the steps done twice: on it `save_freq=N` backs up at epoch ends (warned of) and
+    SIGTERM stops without a backup, to go on from the start of the epoch.
 
     Args:
         backup_dir: the directory of the backups; give every worker the same path.
         save_freq: `"epoch"` (default) to back up at every epoch end, or an integer N
-            to back up every N batches.
+            to back up every N batches (on `sk.shard` data; at epoch ends on other data).
         double_checkpoint: also keep the backup before the newest, to restore from
             when the newest cannot be read. Default False.
         delete_checkpoint: delete `backup_dir` when training ends normally. Default
@@ -104,7 +110,12 @@ class BackupAndRestore(keras.callbacks.Callback):
         ValueError: `backup_dir` empty, not a path or an existing file, a `save_freq`
             that is neither `"epoch"` nor a positive integer, or (at `fit()`) a Keras 2
             model from tf_keras, no sound backup to restore, or a mid-epoch backup
-            resumed with another number of steps per epoch.
+            resumed on data that is not `sk.shard`'s, or of another global batch size or
+            number of steps per epoch.
+
+    Warns:
+        UserWarning: `save_freq=N` on data that is not `sk.shard`'s (backing up at
+            epoch ends instead).
 
     Example:
         >>> import strategykit as sk
@@ -150,18 +161,20 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._chief = is_chief(strategy)
         self._written_by = record_of(strategy)
         self._global_batch = global_batch_size_of(last_data(self.model))  # None: not known
+        # sk.shard data starts a pass at any step: only it resumes in the middle of an epoch
+        self._mid_epoch = self._global_batch is not None
         epoch, step, backup = self._restore()
         if self._chief and not os.path.isdir(self.backup_dir):
             os.makedirs(self.backup_dir, mode=PRIVATE_DIR)  # private: the backups are
             os.chmod(self.backup_dir, PRIVATE_DIR)
         if is_multi_worker(strategy):
-            self._check_every_worker_restored(strategy, epoch * 1_000_000 + step)
+            check_every_worker_restored(strategy, epoch, step, self.backup_dir)
         if backup and self._chief:
-            self._warn_if_inexact(backup)
+            warn_if_inexact(backup, self.model, self._written_by)
         writing = os.path.join(writable_path(self.backup_dir, strategy), _WRITING)
         shutil.rmtree(writing, ignore_errors=True)  # torn by an earlier kill
         self._writer = keras.callbacks.BackupAndRestore(
-            writing, save_freq=self.save_freq, delete_checkpoint=False)
+            writing, save_freq=self._save_freq_of_this_data(), delete_checkpoint=False)
         self._writer.set_model(self.model)
         self._epoch, self._skipped, self._steps = epoch, step, 0
         if step:  # resumed in the middle of an epoch: its pass starts after that step
@@ -169,6 +182,19 @@ class BackupAndRestore(keras.callbacks.Callback):
             self._short_epoch = _ignore_warning(_RAN_OUT)
         self._preemption = Preemption(strategy)
         self._preemption.start()
+
+    def _save_freq_of_this_data(self):
+        """`save_freq`, or "epoch" (warned of) for data that cannot resume mid-epoch."""
+        if self.save_freq == "epoch" or self._mid_epoch:
+            return self.save_freq
+        warnings.warn(
+            f"BackupAndRestore(save_freq={self.save_freq}) backs up in the middle of an "
+            "epoch only on sk.shard data, whose pass starts at any step. This fit()'s data "
+            "is not sk.shard's: it starts every epoch at its first batch, so a resume from "
+            "the middle of an epoch would train the steps done of it twice. Backing up at "
+            "each epoch's end instead. Pass sk.shard(data, strategy, global_batch_size=...) "
+            f"to fit() for a backup every {self.save_freq} batches.", stacklevel=3)
+        return "epoch"
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
@@ -210,16 +236,27 @@ class BackupAndRestore(keras.callbacks.Callback):
         return step
 
     def _back_up_and_exit(self, step: int) -> None:
-        """Writes a backup at `step` of the current epoch, then exits (preemption)."""
-        os.makedirs(self._writer.backup_dir, exist_ok=True)
-        self.model.save_weights(os.path.join(self._writer.backup_dir, _WEIGHTS))
-        self._publish(step=self._write_position(step))
+        """Writes a backup at `step` of the current epoch, then exits (preemption).
+
+        On data that cannot resume in the middle of an epoch only an epoch's last step is
+        backed up: the job goes on from the start of the epoch (its last backup)."""
+        written = self._mid_epoch or step == self.params.get("steps")
+        if written:
+            os.makedirs(self._writer.backup_dir, exist_ok=True)
+            self.model.save_weights(os.path.join(self._writer.backup_dir, _WEIGHTS))
+            self._publish(step=self._write_position(step))
         self._preemption.stop()
         if self._chief:
-            print(f"strategykit: {self._preemption.signal_name}: backed up epoch "
-                  f"{self._epoch + 1}, step {step} to "
+            name, epoch = self._preemption.signal_name, self._epoch + 1
+            print(f"strategykit: {name}: backed up epoch {epoch}, step {step} to "
                   f"{self.backup_dir}; exiting with code {PREEMPTED}. Run the same command "
-                  "again to go on from the next step.", file=sys.stderr, flush=True)
+                  "again to go on from the next step." if written else
+                  f"strategykit: {name}: stopped at epoch {epoch}, step {step}, not backed "
+                  "up: this fit()'s data is not sk.shard's and starts every epoch at its "
+                  f"first batch. Exiting with code {PREEMPTED}. Run the same command again "
+                  f"to go on from the start of epoch {epoch} (the backup of the epoch "
+                  "before; pass sk.shard data to resume at the next step).",
+                  file=sys.stderr, flush=True)
         raise SystemExit(PREEMPTED)
 
     def backups(self) -> list[str]:
@@ -242,7 +279,8 @@ class BackupAndRestore(keras.callbacks.Callback):
 
         Raises:
             ValueError: no backup to restore passes the check, or a backup from the
-                middle of an epoch would resume with other steps per epoch.
+                middle of an epoch cannot resume on this data
+                (`backup_resume.check_mid_epoch_resume`).
         """
         candidates = self.backups()[-2 if self.double_checkpoint else -1:]
         for attempt, backup in enumerate(reversed(candidates)):
@@ -252,7 +290,8 @@ class BackupAndRestore(keras.callbacks.Callback):
                 self._refuse_or_warn(backup, *problem, last=last)
                 continue
             record = read_record(backup)
-            self._check_steps_per_epoch(backup, record)
+            check_mid_epoch_resume(backup, record, steps_per_epoch=self.params.get("steps"),
+                                   global_batch_size=self._global_batch)
             restorer = keras.callbacks.BackupAndRestore(backup, delete_checkpoint=False)
             restorer.set_model(self.model)
             try:
@@ -278,81 +317,6 @@ class BackupAndRestore(keras.callbacks.Callback):
             "on at a backup's epoch from other weights. Restore that file from a copy of "
             f"the backup, or delete the folder {backup} to resume from the backup before "
             f"it (or, when there is none, delete {self.backup_dir} to start afresh).")
-
-    def _check_steps_per_epoch(self, backup: str, record: dict) -> None:
-        """Refuses to resume mid-epoch where an epoch has another number of steps: the
-        steps done would then stand for another number of examples."""
-        if not record.get("step"):
-            return  # at an epoch's end: any data and batch go on from the next epoch
-        self._check_global_batch(backup, record)
-        then, now = record.get("steps_per_epoch"), self.params.get("steps")
-        if then is None or now is None or then == now:
-            return
-        raise ValueError(
-            f"The backup {backup} was written after step {record['step']} of {then} of an "
-            f"epoch, and an epoch now has {now} steps: the data or its global batch size "
-            f"changed, so the {record['step']} steps done stand for other examples than "
-            f"{record['step']} steps now. Received: {then} steps an epoch then, {now} now. "
-            "Resume with the data and global batch size of the run that wrote it "
-            "(sk.shard(..., global_batch_size=<that size>)); or delete that backup folder "
-            "to go on from the backup before it (an epoch end), or afresh without one.")
-
-    def _check_global_batch(self, backup: str, record: dict) -> None:
-        """Refuses to resume mid-epoch on `sk.shard` data of another global batch size:
-        the steps done would stand for other examples (a step skipped is a batch)."""
-        then, now = record.get("global_batch_size"), self._global_batch
-        if then is None or now is None or then == now:
-            return
-        step = record["step"]
-        raise ValueError(
-            f"The backup {backup} was written after step {step} of an epoch with "
-            f"global_batch_size={then}, and this fit()'s sk.shard data has "
-            f"global_batch_size={now}: resuming would skip {step * now} examples of the "
-            f"epoch instead of the {step * then} done. Received: global_batch_size={then} "
-            f"then, {now} now. Resume with sk.shard(..., global_batch_size={then}) until "
-            "the epoch ends (backups at an epoch's end resume with any size); or delete "
-            "that backup folder to go on from the backup before it, or afresh without one.")
-
-    def _warn_if_inexact(self, backup: str) -> None:
-        """Warns when the backup was written by another number of replicas and the model
-        has batch norm that is not synchronized (its per-replica batch has changed)."""
-        then = read_record(backup)
-        if not then:  # written before backups recorded it
-            return
-        now = self._written_by
-        layers = unsynchronized_batch_norms(self.model)
-        if then["replicas"] == now["replicas"] or not layers:
-            return
-        warnings.warn(
-            f"Resuming from {backup}, written by {replicas_text(then)}, on "
-            f"{replicas_text(now)}: the batch norm layers {layers} are not synchronized, "
-            f"so each normalizes over its replica's share of the global batch, now 1/"
-            f"{now['replicas']} instead of 1/{then['replicas']}. Training goes on, but not "
-            "exactly as the uninterrupted run would have. For an exact resume on any number "
-            "of replicas, synchronize them: model = sk.convert_sync_batchnorm(model).",
-            stacklevel=2)
-
-    def _check_every_worker_restored(self, strategy, position: int) -> None:
-        """Fails on every worker at once unless all restored the same epoch and step.
-
-        A worker that cannot read the chief's `backup_dir` (no shared disk) would start
-        from other weights and run other epochs, and the job would hang.
-        """
-        positions = every_replica(tf.constant(position, tf.int64), strategy).numpy().tolist()
-        if len(set(positions)) > 1:
-            try:  # every worker has the positions once all are here: none exits before
-                every_replica(tf.constant(0, tf.int64), strategy)
-            except tf.errors.OpError:  # a worker past this point raised and exited already
-                pass
-            by_worker = positions[::len(strategy.extended.worker_devices)]
-            resumed = ", ".join(
-                f"worker {k} at epoch {p // 1_000_000}" + (f", step {p % 1_000_000}" * bool(
-                    p % 1_000_000)) for k, p in enumerate(by_worker))
-            raise ValueError(
-                f"The workers resumed from different backups: {resumed}. Received: "
-                f"backup_dir={self.backup_dir!r} on every worker. Every worker must read "
-                "the chief's backups: on several machines put backup_dir on a disk they "
-                "all share.")
 
     def _publish(self, step: int = 0) -> None:
         """Turns a backup the writer just wrote into the newest one (chief) or drops it.

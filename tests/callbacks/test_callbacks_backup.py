@@ -68,14 +68,21 @@ def _model(replicas, sync_bn):
     return restorer(model)  # the step count and the moments: state a backup restores
 
 
-def _fit(replicas, callbacks, epochs=EPOCHS, sync_bn=False, examples=64, seed=None):
-    """Trains `_model(replicas, sync_bn)` from its initial state, as a new model would.
+def _fit(replicas, callbacks, epochs=EPOCHS, sync_bn=False, examples=64, seed=None,
+         arrays=False):
+    """Trains `_model(replicas, sync_bn)` from its initial state, as a new model would, on
+    `sk.shard` data, or with `arrays` on the arrays themselves (Keras batches them).
 
     Returns:
         The model (shared: read it before the next `_fit`).
     """
     model = _model(replicas, sync_bn)()
     model._initial_epoch = None  # set by a restore; a fit that raised leaves it
+    if arrays:
+        x, y = _data(examples)
+        model.fit(x, y, batch_size=16, shuffle=False, epochs=epochs, verbose=0,
+                  callbacks=callbacks)
+        return model
     data = sk.shard(_data(examples), model.distribute_strategy, global_batch_size=16,
                     shuffle=seed is not None, seed=seed)
     model.fit(data, epochs=epochs, verbose=0, callbacks=callbacks)
@@ -286,3 +293,69 @@ def test_a_save_freq_backup_resumes_at_the_next_step(tmp_path):
 def test_errors(kwargs, message):
     with pytest.raises(ValueError, match=message):
         sk.callbacks.BackupAndRestore(**kwargs)
+
+
+class _InterruptAfter(keras.callbacks.Callback):
+    """Stops the process's training after step `step` (1-based) of `epoch`."""
+
+    def __init__(self, epoch, step):
+        super().__init__()
+        self.epoch, self.step = epoch, step
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._now = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        if (self._now, batch + 1) == (self.epoch, self.step):
+            raise KeyboardInterrupt(f"interrupted after step {self.step} of epoch {self.epoch}")
+
+
+# Arrays that Keras batches start every epoch at its first batch: a backup from the middle
+# of an epoch would resume there with weights that trained its first steps already.
+
+
+def test_save_freq_on_arrays_backs_up_at_epoch_ends_and_resumes_exactly(tmp_path):
+    uninterrupted = _uninterrupted(2, arrays=True)
+    with pytest.warns(UserWarning, match=(
+            r"BackupAndRestore\(save_freq=2\) backs up in the middle of an epoch only on "
+            r"sk\.shard data, whose pass starts at any step\. This fit\(\)'s data is not "
+            r"sk\.shard's: .* Backing up at each epoch's end instead\. Pass sk\.shard\(data, "
+            r"strategy, global_batch_size=\.\.\.\) to fit\(\) for a backup every 2 batches")):
+        with pytest.raises(KeyboardInterrupt):  # 4 steps an epoch: after step 3 of epoch 1
+            _fit(2, [sk.callbacks.BackupAndRestore(tmp_path / "b", save_freq=2),
+                     _InterruptAfter(1, 3)], arrays=True)
+    epochs = _Epochs()
+    resumed = _fit(2, [sk.callbacks.BackupAndRestore(tmp_path / "b"), epochs], arrays=True)
+    assert epochs.seen == [1, 2, 3, 4, 5]  # epoch 1 from its start, on epoch 0's weights
+    _assert_same_weights(resumed, uninterrupted)
+
+
+def test_a_mid_epoch_backup_resumed_on_arrays_is_refused(tmp_path):
+    with pytest.raises(KeyboardInterrupt):  # sk.shard data: backed up after step 2 of epoch 1
+        _fit(2, [sk.callbacks.BackupAndRestore(tmp_path / "b", save_freq=2),
+                 _InterruptAfter(1, 3)])
+    with pytest.raises(ValueError, match=(
+            r"The backup .*backup-\d+ was written after step 2 of an epoch, and this fit\(\)'s "
+            r"data is not sk\.shard's: it starts every epoch at its first batch, so resuming "
+            r"would train the 2 steps done of that epoch twice\. Received: a backup at step 2, "
+            r"data of another kind .* Resume on the sk\.shard data that wrote it")):
+        _fit(2, [sk.callbacks.BackupAndRestore(tmp_path / "b")], arrays=True)
+
+
+def test_sigterm_on_arrays_stops_without_a_mid_epoch_backup_and_resumes_exactly(tmp_path,
+                                                                                  capfd):
+    uninterrupted = _uninterrupted(2, arrays=True)
+    backup = sk.callbacks.BackupAndRestore(tmp_path / "b")
+    with pytest.raises(SystemExit) as exited:
+        _fit(2, [_Sigterm(epoch=2, step=2), backup], arrays=True)
+    assert exited.value.code == 42
+    (written,) = backup.backups()
+    with open(os.path.join(written, "strategykit.json")) as file:
+        assert json.load(file)["step"] == 0  # the end of epoch 1 (0-based)
+    assert re.search(r"SIGTERM: stopped at epoch 3, step 2, not backed up: this fit\(\)'s "
+                     r"data is not sk\.shard's .* go on from the start of epoch 3",
+                     capfd.readouterr().err)
+    epochs = _Epochs()
+    resumed = _fit(2, [sk.callbacks.BackupAndRestore(tmp_path / "b"), epochs], arrays=True)
+    assert epochs.seen == [2, 3, 4, 5]
+    _assert_same_weights(resumed, uninterrupted)
