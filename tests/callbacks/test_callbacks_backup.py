@@ -221,9 +221,8 @@ def test_save_freq_in_batches(tmp_path):
     assert os.path.basename(backup.backups()[0]) == "backup-000001"
 
 
-class _Sigterm(keras.callbacks.Callback):
-    """Sends this process SIGTERM during step `step` (1-based) of `epoch`, as a scheduler
-    preempting it would."""
+class _AtStep(keras.callbacks.Callback):
+    """Acts at step `step` (1-based) of `epoch`: `_at(batch)` says when."""
 
     def __init__(self, epoch, step):
         super().__init__()
@@ -232,8 +231,16 @@ class _Sigterm(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         self._now = epoch
 
+    def _at(self, batch) -> bool:
+        return (self._now, batch + 1) == (self.epoch, self.step)
+
+
+class _Sigterm(_AtStep):
+    """Sends this process SIGTERM during step `step` (1-based) of `epoch`, as a scheduler
+    preempting it would."""
+
     def on_train_batch_begin(self, batch, logs=None):
-        if (self._now, batch + 1) == (self.epoch, self.step):
+        if self._at(batch):
             os.kill(os.getpid(), signal.SIGTERM)
 
 
@@ -295,18 +302,11 @@ def test_errors(kwargs, message):
         sk.callbacks.BackupAndRestore(**kwargs)
 
 
-class _InterruptAfter(keras.callbacks.Callback):
+class _InterruptAfter(_AtStep):
     """Stops the process's training after step `step` (1-based) of `epoch`."""
 
-    def __init__(self, epoch, step):
-        super().__init__()
-        self.epoch, self.step = epoch, step
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self._now = epoch
-
     def on_train_batch_end(self, batch, logs=None):
-        if (self._now, batch + 1) == (self.epoch, self.step):
+        if self._at(batch):
             raise KeyboardInterrupt(f"interrupted after step {self.step} of epoch {self.epoch}")
 
 
