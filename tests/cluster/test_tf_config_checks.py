@@ -47,6 +47,18 @@ def test_two_tasks_at_one_address_are_refused_naming_both():
     assert str(error.value).endswith("Give each task a port (or host) of its own.")
 
 
+@pytest.mark.parametrize("first, second", [("localhost:2222", "127.0.0.1:2222"),
+                                           ("[::1]:2222", "LOCALHOST:2222"),
+                                           ("127.0.0.1:2222", "127.0.1.1:2222")])
+def test_two_loopback_spellings_of_one_port_are_one_address(first, second):
+    with pytest.raises(ValueError, match=re.escape(
+            f"TF_CONFIG gives two tasks the same address: worker 0 and worker 1 are both at "
+            f"{first!r} and {second!r}, one port of this machine, so neither can start its "
+            "server. Received: cluster=")):
+        _workers({"worker": [first, second]})
+    assert _workers({"worker": [first, second.replace("2222", "2223")]}) == 2
+
+
 def test_json_that_does_not_parse_names_the_variable():
     with pytest.raises(ValueError, match=r"^TF_CONFIG is not valid JSON \(.*\)\. Received: "
                                          r"TF_CONFIG='\{cluster: 1\}'\. Set it to e\.g\. "):

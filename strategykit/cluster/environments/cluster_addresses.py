@@ -3,11 +3,13 @@
 TensorFlow takes a task type's addresses as a sequence, so a string (`"worker":
 "localhost:1234"`) is 15 workers of one character each; an address without a port, or
 two tasks at one address, make every worker wait for peers that can never connect.
+TensorFlow's server listens on its port at every address of its machine, so two
+loopback spellings of one port (`localhost:2222`, `127.0.0.1:2222`) are one address.
 `check_cluster` refuses each at once, naming the key, what was received and the fix.
 
 Example:
     >>> check_cluster({"worker": ["host1:12345", "host2:12345"]})
-    >>> check_cluster({"worker": "host1:12345"})
+    >>> check_cluster({"worker": "host1:12345"})  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
     ValueError: TF_CONFIG field 'cluster.worker' must be a list of "host:port" strings, ...
@@ -29,7 +31,7 @@ def check_cluster(cluster: Mapping) -> None:
             `"host:port"` string with an integer port from 1 to 65535, or two tasks
             share an address; the message names the key, what was received and the fix.
     """
-    seen: dict[str, str] = {}
+    seen: dict[tuple[str, str], tuple[str, str]] = {}  # (machine, port) -> task, address
     for kind, addresses in cluster.items():
         key = f"cluster.{kind}"
         if not isinstance(addresses, list):
@@ -41,13 +43,24 @@ def check_cluster(cluster: Mapping) -> None:
                 f"{example}.")
         for index, address in enumerate(addresses):
             _check_address(f"{key}[{index}]", address)
-            task = f"{kind} {index}"
-            if address in seen:
+            task, place = f"{kind} {index}", _machine_and_port(address)
+            if place in seen:
+                other, spelled = seen[place]
+                where = f"{address!r}" if spelled == address else (
+                    f"{spelled!r} and {address!r}, one port of this machine")
                 raise ValueError(
-                    f"TF_CONFIG gives two tasks the same address: {seen[address]} and {task} "
-                    f"are both at {address!r}, so neither can start its server. Received: "
+                    f"TF_CONFIG gives two tasks the same address: {other} and {task} are "
+                    f"both at {where}, so neither can start its server. Received: "
                     f"cluster={dict(cluster)!r}. Give each task a port (or host) of its own.")
-            seen[address] = task
+            seen[place] = task, address
+
+
+def _machine_and_port(address: str) -> tuple[str, str]:
+    """`(host, port)` of a checked address, every loopback spelling one host."""
+    host, port = address.rpartition(":")[::2]
+    host = host.strip("[]").lower()
+    loopback = host in ("localhost", "::1", "0.0.0.0", "::") or host.startswith("127.")
+    return ("loopback" if loopback else host), port
 
 
 def _check_address(key: str, address) -> None:
