@@ -21,7 +21,8 @@ from strategykit import callbacks
 from strategykit.batchnorm.convert import convert_sync_batchnorm
 from strategykit.batchnorm.layer import SyncBatchNormalization
 from strategykit.cluster.roles import is_chief
-from strategykit.data.sharding import per_replica_batch_size, replica_batches, shard
+from strategykit.data.replica_view import replica_batches
+from strategykit.data.sharding import per_replica_batch_size, shard
 from strategykit.data.stream import epochs
 from strategykit.data.tfds_input import shard_tfds
 from strategykit.equivalence.check import CheckReport, check

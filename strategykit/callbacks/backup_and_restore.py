@@ -32,6 +32,7 @@ from strategykit.callbacks.backup_record import read_record, record_of, write_re
 from strategykit.callbacks.backup_resume import (
     check_every_worker_restored,
     check_mid_epoch_resume,
+    mid_epoch_obstacle,
     warn_if_inexact,
 )
 from strategykit.callbacks.preemption import Preemption
@@ -92,15 +93,17 @@ class BackupAndRestore(keras.callbacks.Callback):
     0700, files 0600, and `backup_dir` 0700 when strategykit makes it. An epoch-end backup resumes
     on any data and global batch size. A backup from the middle of an epoch (SIGTERM,
     `save_freq=N`) resumes only on `sk.shard` data of the same global batch size and
-    steps per epoch, whose pass starts at the next step; other data (arrays that Keras
-    batches, a `tf.data.Dataset`) starts every epoch at its first batch, and would train
-    the steps done twice: on it `save_freq=N` backs up at epoch ends (warned of) and
-    SIGTERM stops without a backup, to go on from the start of the epoch.
+    steps per epoch, whose pass starts at the next step in the same order (unshuffled,
+    or shuffled with a seed); other data (arrays that Keras batches, a
+    `tf.data.Dataset`) starts every epoch at its first batch, and would train the steps
+    done twice: on it, and on a shuffle without a seed, `save_freq=N` backs up at epoch
+    ends (warned of) and SIGTERM stops without a backup, to go on from the epoch's start.
 
     Args:
         backup_dir: the directory of the backups; give every worker the same path.
         save_freq: `"epoch"` (default) to back up at every epoch end, or an integer N
-            to back up every N batches (on `sk.shard` data; at epoch ends on other data).
+            to back up every N batches (on `sk.shard` data in a repeatable order; at
+            epoch ends on other data).
         double_checkpoint: also keep the backup before the newest, to restore from
             when the newest cannot be read. Default False.
         delete_checkpoint: delete `backup_dir` when training ends normally. Default
@@ -110,12 +113,12 @@ class BackupAndRestore(keras.callbacks.Callback):
         ValueError: `backup_dir` empty, not a path or an existing file, a `save_freq`
             that is neither `"epoch"` nor a positive integer, or (at `fit()`) a Keras 2
             model from tf_keras, no sound backup to restore, or a mid-epoch backup
-            resumed on data that is not `sk.shard`'s, or of another global batch size or
-            number of steps per epoch.
+            resumed on data that is not `sk.shard`'s, shuffled without a seed, or of
+            another global batch size or number of steps per epoch.
 
     Warns:
-        UserWarning: `save_freq=N` on data that is not `sk.shard`'s (backing up at
-            epoch ends instead).
+        UserWarning: `save_freq=N` on data that is not `sk.shard`'s, or shuffled without
+            a seed (backing up at epoch ends instead).
 
     Example:
         >>> import strategykit as sk
@@ -160,9 +163,9 @@ class BackupAndRestore(keras.callbacks.Callback):
         strategy = self.model.distribute_strategy
         self._chief = is_chief(strategy)
         self._written_by = record_of(strategy)
-        self._global_batch = global_batch_size_of(last_data(self.model))  # None: not known
-        # sk.shard data starts a pass at any step: only it resumes in the middle of an epoch
-        self._mid_epoch = self._global_batch is not None
+        data = last_data(self.model)
+        self._global_batch = global_batch_size_of(data)  # None: not sk.shard's
+        self._obstacle = mid_epoch_obstacle(data)  # None: its pass starts at any step
         epoch, step, backup = self._restore()
         if self._chief and not os.path.isdir(self.backup_dir):
             os.makedirs(self.backup_dir, mode=PRIVATE_DIR)  # private: the backups are
@@ -185,15 +188,15 @@ class BackupAndRestore(keras.callbacks.Callback):
 
     def _save_freq_of_this_data(self):
         """`save_freq`, or "epoch" (warned of) for data that cannot resume mid-epoch."""
-        if self.save_freq == "epoch" or self._mid_epoch:
+        if self.save_freq == "epoch" or self._obstacle is None:
             return self.save_freq
+        reason, fix = self._obstacle
         warnings.warn(
             f"BackupAndRestore(save_freq={self.save_freq}) backs up in the middle of an "
-            "epoch only on sk.shard data, whose pass starts at any step. This fit()'s data "
-            "is not sk.shard's: it starts every epoch at its first batch, so a resume from "
-            "the middle of an epoch would train the steps done of it twice. Backing up at "
-            "each epoch's end instead. Pass sk.shard(data, strategy, global_batch_size=...) "
-            f"to fit() for a backup every {self.save_freq} batches.", stacklevel=3)
+            f"epoch only on data whose pass can start at any step, and {reason}: a resume "
+            "from the middle of an epoch would train some of its examples twice. Backing "
+            f"up at each epoch's end instead. For a backup every {self.save_freq} batches, "
+            f"{fix}.", stacklevel=3)
         return "epoch"
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -240,7 +243,7 @@ class BackupAndRestore(keras.callbacks.Callback):
 
         On data that cannot resume in the middle of an epoch only an epoch's last step is
         backed up: the job goes on from the start of the epoch (its last backup)."""
-        written = self._mid_epoch or step == self.params.get("steps")
+        written = self._obstacle is None or step == self.params.get("steps")
         if written:
             os.makedirs(self._writer.backup_dir, exist_ok=True)
             self.model.save_weights(os.path.join(self._writer.backup_dir, _WEIGHTS))
@@ -252,10 +255,9 @@ class BackupAndRestore(keras.callbacks.Callback):
                   f"{self.backup_dir}; exiting with code {PREEMPTED}. Run the same command "
                   "again to go on from the next step." if written else
                   f"strategykit: {name}: stopped at epoch {epoch}, step {step}, not backed "
-                  "up: this fit()'s data is not sk.shard's and starts every epoch at its "
-                  f"first batch. Exiting with code {PREEMPTED}. Run the same command again "
-                  f"to go on from the start of epoch {epoch} (the backup of the epoch "
-                  "before; pass sk.shard data to resume at the next step).",
+                  f"up: {self._obstacle[0]}. Exiting with code {PREEMPTED}. Run the same "
+                  f"command again to go on from the start of epoch {epoch} (the backup of "
+                  f"the epoch before; to resume at the next step, {self._obstacle[1]}).",
                   file=sys.stderr, flush=True)
         raise SystemExit(PREEMPTED)
 
@@ -291,7 +293,8 @@ class BackupAndRestore(keras.callbacks.Callback):
                 continue
             record = read_record(backup)
             check_mid_epoch_resume(backup, record, steps_per_epoch=self.params.get("steps"),
-                                   global_batch_size=self._global_batch)
+                                   global_batch_size=self._global_batch,
+                                   obstacle=self._obstacle)
             restorer = keras.callbacks.BackupAndRestore(backup, delete_checkpoint=False)
             restorer.set_model(self.model)
             try:

@@ -2,11 +2,12 @@
 
 A backup from the middle of an epoch holds the steps done of that epoch; it resumes only
 where the same steps stand for the same examples: on `sk.shard` data (whose pass starts
-at any step, `strategykit.data.position`) of the same global batch size and steps per
-epoch (`check_mid_epoch_resume`). Other data starts every epoch at its first batch, so
-`fit()` would train those steps twice. Every worker must have restored the same backup
-(`check_every_worker_restored`), and unsynchronized batch norm resumed on another number
-of replicas is warned of (`warn_if_inexact`).
+at any step, `strategykit.data.position`) in an order that each pass repeats, of the
+same global batch size and steps per epoch (`check_mid_epoch_resume`). Other data starts
+every epoch at its first batch, so `fit()` would train those steps twice; a shuffle
+without a seed draws another order (`mid_epoch_obstacle` says which). Every worker must
+have restored the same backup (`check_every_worker_restored`), and unsynchronized batch
+norm resumed on another number of replicas is warned of (`warn_if_inexact`).
 """
 
 from __future__ import annotations
@@ -17,14 +18,34 @@ import tensorflow as tf
 
 from strategykit.batchnorm.unsynchronized import unsynchronized_batch_norms
 from strategykit.callbacks.backup_record import read_record, replicas_text
+from strategykit.data.sharding import global_batch_size_of, shuffled_without_seed
 from strategykit.strategy.reduction import every_replica
 
 _OR_DELETE = ("or delete that backup folder to go on from the backup before it, or afresh "
               "without one.")
 
 
+def mid_epoch_obstacle(dataset) -> tuple[str, str] | None:
+    """Why `fit()` on `dataset` cannot go on from the middle of an epoch, and the fix, for
+    messages; None when it can (`sk.shard` data whose every pass is in the same order).
+
+    Example:
+        >>> mid_epoch_obstacle(None)[0]
+        "this fit()'s data is not sk.shard's: it starts every epoch at its first batch"
+    """
+    if global_batch_size_of(dataset) is None:
+        return ("this fit()'s data is not sk.shard's: it starts every epoch at its first "
+                "batch", "pass sk.shard(data, strategy, global_batch_size=...) to fit()")
+    if shuffled_without_seed(dataset):
+        return ("this fit()'s sk.shard data is shuffled without a seed: every pass draws "
+                "a new order", "pass sk.shard(..., shuffle=True, seed=<an int>) (it still "
+                "reshuffles every epoch)")
+    return None
+
+
 def check_mid_epoch_resume(backup: str, record: dict, *, steps_per_epoch: int | None,
-                           global_batch_size: int | None) -> None:
+                           global_batch_size: int | None,
+                           obstacle: tuple[str, str] | None) -> None:
     """Refuses to resume from the middle of an epoch where the steps done would stand for
     other examples than those trained on.
 
@@ -35,23 +56,23 @@ def check_mid_epoch_resume(backup: str, record: dict, *, steps_per_epoch: int | 
             None when unknown.
         global_batch_size: the global batch size of this `fit()`'s `sk.shard` data; None
             for data that `sk.shard` did not make.
+        obstacle: `mid_epoch_obstacle` of this `fit()`'s data.
 
     Raises:
-        ValueError: a backup from the middle of an epoch resumed on data that is not
-            `sk.shard`'s, or of another global batch size, or with another number of
-            steps per epoch.
+        ValueError: a backup from the middle of an epoch resumed on data that cannot
+            start there (`obstacle`), or of another global batch size, or with another
+            number of steps per epoch.
     """
     step = record.get("step")
     if not step:
         return  # at an epoch's end: any data and batch go on from the next epoch
-    if global_batch_size is None:
+    if obstacle is not None:
+        reason, fix = obstacle
         raise ValueError(
-            f"The backup {backup} was written after step {step} of an epoch, and this "
-            "fit()'s data is not sk.shard's: it starts every epoch at its first batch, so "
-            f"resuming would train the {step} steps done of that epoch twice. Received: a "
-            f"backup at step {step}, data of another kind (arrays that Keras batches, a "
-            "tf.data.Dataset, a generator). Resume on the sk.shard data that wrote it "
-            "(sk.shard(..., global_batch_size=...), whose pass starts at any step); "
+            f"The backup {backup} was written after step {step} of an epoch, and {reason}, "
+            "so resuming there would train some of that epoch's examples twice and skip "
+            f"others. Received: a backup at step {step} of an epoch. Resume on data whose "
+            f"pass starts at that step, as the run that wrote it did ({fix}); "
             + _OR_DELETE)
     then = record.get("global_batch_size")
     if then is not None and then != global_batch_size:

@@ -1,4 +1,4 @@
-"""Different data for each replica: `shard`, `per_replica_batch_size`, `replica_batches`.
+"""Different data for each replica: `shard`, `per_replica_batch_size`.
 
 `shard` splits numpy arrays, an unbatched `tf.data.Dataset` or a function
 `fn(input_context) -> tf.data.Dataset` into per-replica batches: every example once, no
@@ -16,14 +16,12 @@ from __future__ import annotations
 import functools
 import weakref
 
-import numpy as np
 import tensorflow as tf
 
 from strategykit import upstream
-from strategykit.batches.marks import real_examples
 from strategykit.cluster.roles import is_multi_worker
 from strategykit.cluster.strategy_argument import check_strategy
-from strategykit.data import position, predict_input
+from strategykit.data import predict_input
 from strategykit.data.batching import split_labels
 from strategykit.data.pipeline import make_pipeline
 from strategykit.data.shard_arguments import (
@@ -40,6 +38,7 @@ from strategykit.upstream import state_steps
 
 # distributed dataset made here (they carry weights) -> its global batch size
 _GLOBAL_BATCH = weakref.WeakKeyDictionary()
+_UNSEEDED_SHUFFLE = weakref.WeakSet()  # those of them that draw a new order every pass
 
 
 def global_batch_size_of(dataset) -> int | None:
@@ -49,6 +48,15 @@ def global_batch_size_of(dataset) -> int | None:
         return _GLOBAL_BATCH.get(dataset)
     except TypeError:  # not weakly referable: not one of sk.shard's
         return None
+
+
+def shuffled_without_seed(dataset) -> bool:
+    """Whether `dataset` is `sk.shard(..., shuffle=True)`'s without a seed: its every pass
+    draws a new order, so the steps of one pass are not those of another."""
+    try:
+        return dataset in _UNSEEDED_SHUFFLE
+    except TypeError:  # not weakly referable: not one of sk.shard's
+        return False
 
 
 def per_replica_batch_size(strategy: tf.distribute.Strategy, global_batch_size: int) -> int:
@@ -278,6 +286,8 @@ def shard(
             attach_stream(distributed, PassEachEpoch(lambda: distribute(**options),
                                                      element_spec=own_specs[0]))
         _GLOBAL_BATCH[distributed] = int(global_batch_size)
+        if shuffle and seed is None:
+            _UNSEEDED_SHUFFLE.add(distributed)
         remade_data.register(distributed, lambda **changes: made(**{**options, **changes}),
                              options)
         predict_input.register(
@@ -299,55 +309,3 @@ def _check_labels(class_weights, specs) -> None:
             f"and data of element_spec={specs[-1]}. Pass (x, y) to sk.shard, or fit "
             "without class_weight."
         )
-
-
-def replica_batches(ds, strategy: tf.distribute.Strategy, steps: int | None = None, *,
-                    padding: bool = False, epoch: int | None = None) -> list:
-    """What each replica receives: per step, per replica, the values of the first input.
-
-    Args:
-        ds: a distributed dataset, e.g. from `sk.shard`.
-        strategy: its strategy.
-        steps: steps to read. Default: all (one epoch).
-        padding: include padded examples (sample weight -0.0). Default False.
-        epoch: the epoch of `fit()` to show (it keys `sk.shard`'s shuffle order with a
-            seed). Default None: the epoch of the last `fit()`, 0 before any.
-
-    Returns:
-        A list over steps of lists over replicas of lists of values (the first tensor of
-        `x`, as Python values), e.g. example ids.
-
-    Example:
-        >>> import numpy as np, strategykit as sk
-        >>> strategy = sk.mirrored(replicas=2)  # doctest: +SKIP
-        >>> ids = np.arange(10)
-        >>> ds = sk.shard((ids, ids), strategy, global_batch_size=4)  # doctest: +SKIP
-        >>> sk.replica_batches(ds, strategy, steps=2)  # doctest: +SKIP
-        [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]
-    """
-    check_strategy(strategy)
-    if not isinstance(ds, (tf.distribute.DistributedDataset, tf.data.Dataset)):
-        raise ValueError(
-            "ds must be a distributed dataset, such as sk.shard makes. Received: ds of type "
-            f"{type(ds).__name__}. Pass sk.shard(data, strategy, global_batch_size=...).")
-    if epoch is not None:
-        position.set_epoch(epoch)
-    weighted = global_batch_size_of(ds) is not None
-    result = []
-    for step, element in enumerate(ds):
-        if steps is not None and step >= steps:
-            break
-        x, y, weight = split_labels(element) if weighted else (element, None, None)
-        values = strategy.experimental_local_results(tf.nest.flatten(x)[0])
-        weights = (strategy.experimental_local_results(weight) if weight is not None
-                   else [None] * len(values))
-        result.append([_real_values(v, w, padding) for v, w in zip(values, weights)])
-    return result
-
-
-def _real_values(values, weights, padding):
-    values = np.asarray(values)
-    if weights is not None and not padding:
-        # By the padding mark (-0.0), not by weight: an example you weighed 0 is real
-        values = values[real_examples(weights).numpy()]
-    return values.tolist()

@@ -69,9 +69,10 @@ def _model(replicas, sync_bn):
 
 
 def _fit(replicas, callbacks, epochs=EPOCHS, sync_bn=False, examples=64, seed=None,
-         arrays=False):
+         arrays=False, shuffle=None):
     """Trains `_model(replicas, sync_bn)` from its initial state, as a new model would, on
-    `sk.shard` data, or with `arrays` on the arrays themselves (Keras batches them).
+    `sk.shard` data (shuffled when there is a `seed`, or as `shuffle` says), or with
+    `arrays` on the arrays themselves (Keras batches them).
 
     Returns:
         The model (shared: read it before the next `_fit`).
@@ -84,7 +85,7 @@ def _fit(replicas, callbacks, epochs=EPOCHS, sync_bn=False, examples=64, seed=No
                   callbacks=callbacks)
         return model
     data = sk.shard(_data(examples), model.distribute_strategy, global_batch_size=16,
-                    shuffle=seed is not None, seed=seed)
+                    shuffle=seed is not None if shuffle is None else shuffle, seed=seed)
     model.fit(data, epochs=epochs, verbose=0, callbacks=callbacks)
     return model
 
@@ -318,9 +319,10 @@ def test_save_freq_on_arrays_backs_up_at_epoch_ends_and_resumes_exactly(tmp_path
     uninterrupted = _uninterrupted(2, arrays=True)
     with pytest.warns(UserWarning, match=(
             r"BackupAndRestore\(save_freq=2\) backs up in the middle of an epoch only on "
-            r"sk\.shard data, whose pass starts at any step\. This fit\(\)'s data is not "
-            r"sk\.shard's: .* Backing up at each epoch's end instead\. Pass sk\.shard\(data, "
-            r"strategy, global_batch_size=\.\.\.\) to fit\(\) for a backup every 2 batches")):
+            r"data whose pass can start at any step, and this fit\(\)'s data is not "
+            r"sk\.shard's: .* Backing up at each epoch's end instead\. For a backup every 2 "
+            r"batches, pass sk\.shard\(data, strategy, global_batch_size=\.\.\.\) to "
+            r"fit\(\)\.")):
         with pytest.raises(KeyboardInterrupt):  # 4 steps an epoch: after step 3 of epoch 1
             _fit(2, [sk.callbacks.BackupAndRestore(tmp_path / "b", save_freq=2),
                      _InterruptAfter(1, 3)], arrays=True)
@@ -330,16 +332,38 @@ def test_save_freq_on_arrays_backs_up_at_epoch_ends_and_resumes_exactly(tmp_path
     _assert_same_weights(resumed, uninterrupted)
 
 
-def test_a_mid_epoch_backup_resumed_on_arrays_is_refused(tmp_path):
+_NO_SEED = (r"this fit\(\)'s sk\.shard data is shuffled without a seed: every pass draws a "
+            r"new order")
+
+
+@pytest.mark.parametrize("resumed_on, reason", [
+    ({"arrays": True}, r"this fit\(\)'s data is not sk\.shard's: it starts every epoch at "
+                       r"its first batch"),
+    ({"shuffle": True}, _NO_SEED),
+], ids=["arrays", "shuffled_without_a_seed"])
+def test_a_mid_epoch_backup_resumed_on_data_that_cannot_start_there_is_refused(
+        tmp_path, resumed_on, reason):
     with pytest.raises(KeyboardInterrupt):  # sk.shard data: backed up after step 2 of epoch 1
         _fit(2, [sk.callbacks.BackupAndRestore(tmp_path / "b", save_freq=2),
                  _InterruptAfter(1, 3)])
     with pytest.raises(ValueError, match=(
-            r"The backup .*backup-\d+ was written after step 2 of an epoch, and this fit\(\)'s "
-            r"data is not sk\.shard's: it starts every epoch at its first batch, so resuming "
-            r"would train the 2 steps done of that epoch twice\. Received: a backup at step 2, "
-            r"data of another kind .* Resume on the sk\.shard data that wrote it")):
-        _fit(2, [sk.callbacks.BackupAndRestore(tmp_path / "b")], arrays=True)
+            r"The backup .*backup-\d+ was written after step 2 of an epoch, and " + reason +
+            r", so resuming there would train some of that epoch's examples twice and skip "
+            r"others\. Received: a backup at step 2 of an epoch\. Resume on data whose pass "
+            r"starts at that step, as the run that wrote it did \(pass sk\.shard\(.*\)\); or "
+            r"delete that backup folder")):
+        _fit(2, [sk.callbacks.BackupAndRestore(tmp_path / "b")], **resumed_on)
+
+
+def test_save_freq_on_data_shuffled_without_a_seed_backs_up_at_epoch_ends(tmp_path):
+    backup = sk.callbacks.BackupAndRestore(tmp_path / "b", save_freq=2)
+    with pytest.warns(UserWarning, match=_NO_SEED + r": a resume from the middle of an epoch "
+                      r".* pass sk\.shard\(\.\.\., shuffle=True, seed=<an int>\)"):
+        with pytest.raises(KeyboardInterrupt):
+            _fit(2, [backup, _InterruptAfter(1, 3)], shuffle=True)
+    (written,) = backup.backups()
+    with open(os.path.join(written, "strategykit.json")) as file:
+        assert json.load(file)["step"] == 0  # the end of epoch 0, not step 2 of epoch 1
 
 
 def test_sigterm_on_arrays_stops_without_a_mid_epoch_backup_and_resumes_exactly(tmp_path,
@@ -353,7 +377,8 @@ def test_sigterm_on_arrays_stops_without_a_mid_epoch_backup_and_resumes_exactly(
     with open(os.path.join(written, "strategykit.json")) as file:
         assert json.load(file)["step"] == 0  # the end of epoch 1 (0-based)
     assert re.search(r"SIGTERM: stopped at epoch 3, step 2, not backed up: this fit\(\)'s "
-                     r"data is not sk\.shard's .* go on from the start of epoch 3",
+                     r"data is not sk\.shard's: .* go on from the start of epoch 3 \(the "
+                     r"backup of the epoch before; to resume at the next step, pass sk\.shard",
                      capfd.readouterr().err)
     epochs = _Epochs()
     resumed = _fit(2, [sk.callbacks.BackupAndRestore(tmp_path / "b"), epochs], arrays=True)
