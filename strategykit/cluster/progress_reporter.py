@@ -80,7 +80,10 @@ def reporter(worker: int | None = None):
             worker alone, which only the launcher watches.
 
     Raises:
-        ValueError: `STRATEGYKIT_HANG_TIMEOUT` is not a number of seconds >= 0.
+        ValueError: `STRATEGYKIT_HANG_TIMEOUT` is not a number of seconds >= 0, or
+            `STRATEGYKIT_PROGRESS_FILE` names a symbolic link, a folder, a file that is
+            not a progress report of this user's, or a path whose folder does not exist
+            (`strategykit.launcher.progress_file.check_path`).
 
     Example:
         >>> reporter() is None  # outside strategykit launch

@@ -1,18 +1,18 @@
 """A worker's progress as `strategykit launch` watches it: one small JSON file a worker.
 
 The launcher names each worker's file in the environment variable
-`STRATEGYKIT_PROGRESS_FILE` (`worker_contract.PROGRESS_FILEPROGRESS_FILE_VARIABLE`). The file
-holds the worker's last completed training step (`epoch` and `step`, both counted from
-1 as Keras's progress bar shows them), when it made progress last (`progress`: a step
-or an evaluation batch) and when it last showed it is alive (`heartbeat`, written every
+`STRATEGYKIT_PROGRESS_FILE` (`worker_contract.PROGRESS_FILE_VARIABLE`). The file holds
+the worker's last completed training step (`epoch` and `step`, both counted from 1 as
+Keras's progress bar shows them), when it made progress last (`progress`: a step or an
+evaluation batch) and when it last showed it is alive (`heartbeat`, written every
 `HEARTBEAT_SECONDS` by a thread of its own), and how many `fit()`, `evaluate()` or
 `predict()` calls it is in (`calls`; 0 before, between and after them, when the worker
 makes no training progress by design: it saves a model, writes a report, exits). A
-stopped or frozen process stops both times; a worker that waits (a stuck input
-pipeline, a peer that hangs) only the first. Steps
-only update memory; the heartbeat thread writes, whole (a temporary file, renamed), so
-the launcher reads a complete file at any time and training pays no file write a step.
-This module uses the standard library only: the launcher imports it too.
+stopped or frozen process stops both times; a worker that waits (a stuck input pipeline,
+a peer that hangs) only the first. Steps only update memory; the heartbeat thread
+writes, whole (a temporary file, renamed), so the launcher reads a complete file at any
+time and training pays no file write a step. This module uses the standard library only:
+the launcher imports it too.
 
 The path is the environment's to name, so a worker writes it without trusting it: each
 write creates a new temporary file beside it (`tempfile.mkstemp`: `O_EXCL`, mode 0600)
