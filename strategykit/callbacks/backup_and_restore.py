@@ -87,17 +87,18 @@ class BackupAndRestore(keras.callbacks.Callback):
     integrity record (`integrity.json`: the size and sha256 of each of its files), and a
     backup that fails it on restore (a file missing, truncated or changed, torn JSON, no
     record) is never loaded: with `double_checkpoint=True` the backup before it is
-    restored, with a warning naming the file and what is wrong; otherwise `fit()` raises,
-    naming them and the fix. Backups written by an older strategykit, without a record,
-    are refused the same way (delete them to start afresh). Backups are private: folders
-    0700, files 0600, and `backup_dir` 0700 when strategykit makes it. An epoch-end backup resumes
-    on any data and global batch size. A backup from the middle of an epoch (SIGTERM,
-    `save_freq=N`) resumes only on `sk.shard` data of the same global batch size and
-    steps per epoch, whose pass starts at the next step in the same order (unshuffled,
-    or shuffled with a seed); other data (arrays that Keras batches, a
+    restored, with a warning naming the file and what is wrong; otherwise `fit()`
+    raises, naming them and the fix. Backups written by an older strategykit, without a
+    record, are refused the same way (delete them to start afresh). Backups are private:
+    folders 0700, files 0600, and `backup_dir` 0700 when strategykit makes it. An epoch-
+    end backup resumes on any data and global batch size. A backup from the middle of an
+    epoch (SIGTERM, `save_freq=N`) resumes only on `sk.shard` data of the same global
+    batch size and steps per epoch, whose pass starts at the next step in the same order
+    (unshuffled, or shuffled with a seed); other data (arrays that Keras batches, a
     `tf.data.Dataset`) starts every epoch at its first batch, and would train the steps
     done twice: on it, and on a shuffle without a seed, `save_freq=N` backs up at epoch
-    ends (warned of) and SIGTERM stops without a backup, to go on from the epoch's start.
+    ends (warned of) and SIGTERM stops without a backup, to go on from the epoch's
+    start.
 
     Args:
         backup_dir: the directory of the backups; give every worker the same path.
