@@ -391,6 +391,26 @@ def test_a_callback_class_is_named_for_strategykit_models_only(ctx):
         ctx.model.fit(ctx.x, ctx.y, callbacks=[keras.callbacks.TerminateOnNaN], verbose=0)
 
 
+def test_keras_own_backup_and_restore_is_refused_across_workers_only(ctx, tmp_path,
+                                                                     monkeypatch):
+    with ctx.strategy.scope():
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        model.compile("sgd", "mse")
+    data = sk.shard((ctx.x, ctx.y), ctx.strategy, global_batch_size=4)
+    keras_backup = keras.callbacks.BackupAndRestore(str(tmp_path / "b"))
+    model.fit(data, callbacks=[keras_backup], verbose=0, shuffle=False)  # one process: Keras's
+    from strategykit.upstream import every_fit  # across workers (tests/cluster: for real)
+    monkeypatch.setattr(every_fit, "is_multi_worker", lambda strategy: True)
+    with pytest.raises(ValueError, match=(
+            r"keras\.callbacks\.BackupAndRestore writes its backup in place from every worker"
+            r": .* Received: callbacks=\[\.\.\., BackupAndRestore\(backup_dir='.*/b'\), "
+            r"\.\.\.\] across several workers\. Use sk\.callbacks\.BackupAndRestore\('.*/b'\) "
+            r"\(Keras's arguments\)")):
+        model.fit(data, callbacks=[keras_backup], verbose=0, shuffle=False)
+    model.fit(data, callbacks=[sk.callbacks.BackupAndRestore(tmp_path / "sk")], verbose=0,
+              shuffle=False)
+
+
 def test_a_batch_far_above_the_data_is_warned_of_not_refused(ctx):
     with pytest.warns(UserWarning, match=r"global_batch_size=1048576 is more than twice the "
                       r"data: the one step of all 9 examples is padded with 1048567 copies "

@@ -8,7 +8,10 @@ that class already,
 through a `Fix` of `CallbackList.__init__` (no upstream issue: Keras has no such hook),
 pinned to the `__init__` it calls on every Keras release of the range. strategykit uses
 it for the training position of its datasets (`strategykit.data.position`) and, under
-`strategykit launch`, for each worker's progress (`strategykit.cluster`). The callbacks
+`strategykit launch`, for each worker's progress (`strategykit.cluster`). The same place
+refuses, for such models, a callback class instead of an instance, and Keras's own
+`BackupAndRestore` across several workers (every worker writes its backup in place:
+`sk.callbacks.BackupAndRestore` is the one that works there). The callbacks
 it adds are `async_safe`, so Keras dispatches the user's callbacks as it would without
 them. On a Keras whose `CallbackList.__init__` it does not know, a fit that should get
 one of these callbacks refuses (`UnknownUpstreamCode`) rather than run without it.
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import keras
 
+from strategykit.cluster.roles import is_multi_worker
 from strategykit.made import strategies
 from strategykit.pinning.fix import Fix, original
 
@@ -36,12 +40,15 @@ def add_to_every_fit(make) -> None:
     Raises:
         TypeError: from `fit()`, `evaluate()` or `predict()` of such a model given a
             callback class instead of an instance (`callbacks=[NanGuard]`).
+        ValueError: from them, given `keras.callbacks.BackupAndRestore` across several
+            workers.
         UnknownUpstreamCode: from `fit()`, where Keras's `CallbackList.__init__` is not
             one strategykit was checked on.
 
     Example:
         >>> import keras, tensorflow as tf
-        >>> from strategykit.made import strategies
+        >>> from strategykit.cluster.roles import is_multi_worker
+from strategykit.made import strategies
         >>> class Note(keras.callbacks.Callback):
         ...     async_safe = True
         >>> with strategies.register(tf.distribute.OneDeviceStrategy("/cpu:0")).scope():
@@ -70,6 +77,8 @@ def _init_with_added(self, callbacks=None, add_history=False, add_progbar=False,
                      **params):
     if model is not None and strategies.sharded_for(model.distribute_strategy):
         _check_instances(callbacks)
+        if is_multi_worker(model.distribute_strategy):
+            _check_no_keras_backup(callbacks)
     original(keras.callbacks.CallbackList, "__init__")(self, callbacks, add_history,
                                                        add_progbar, model, **params)
     if model is None or not strategies.sharded_for(model.distribute_strategy):
@@ -92,6 +101,23 @@ def _check_instances(callbacks) -> None:
                 "callbacks must be callback instances, and this is a class. Received: "
                 f"callbacks=[..., {callback.__name__}, ...]. Pass {callback.__name__}() "
                 "(with its arguments) instead.")
+
+
+def _check_no_keras_backup(callbacks) -> None:
+    """Raises ValueError for Keras's `BackupAndRestore` in a fit across workers: each
+    worker writes the same files in place (on one machine h5py's lock fails all but one
+    with "unable to lock file"; on a shared disk they tear each other's backup), and a
+    worker restores whatever its own disk holds."""
+    for callback in (callbacks if isinstance(callbacks, (list, tuple)) else ()):
+        if isinstance(callback, keras.callbacks.BackupAndRestore):
+            raise ValueError(
+                "keras.callbacks.BackupAndRestore writes its backup in place from every "
+                "worker: the workers' writes collide (h5py: 'unable to lock file') or tear "
+                "each other's files on a shared disk. Received: callbacks=[..., "
+                f"{type(callback).__name__}(backup_dir={callback.backup_dir!r}), ...] across "
+                "several workers. Use sk.callbacks.BackupAndRestore("
+                f"{callback.backup_dir!r}) (Keras's arguments): the chief alone writes, "
+                "atomically, and every worker restores the same backup.")
 
 
 FIXES = (

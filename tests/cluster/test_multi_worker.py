@@ -237,6 +237,7 @@ def test_keras_fit_fails_across_workers_without_each_fix(tmp_path):
 
 _UNSHARED_BACKUP = """
 import os, sys
+import keras
 import strategykit as sk
 from multi_worker_model import build_model, training_data
 
@@ -247,6 +248,11 @@ with strategy.scope():
 # As on two machines with local disks: the chief's backup_dir holds a backup, worker 1's
 # (another disk, the same path) holds none.
 backup_dir = f"{sys.argv[1]}/disk-{os.environ['STRATEGYKIT_WORKER']}"
+try:  # Keras's own callback: refused before a step (each worker would write in place)
+    model.fit(sk.shard((x, y), strategy, global_batch_size=16), epochs=1, verbose=0,
+              callbacks=[keras.callbacks.BackupAndRestore(backup_dir)])
+except ValueError as error:
+    print(error, file=sys.stderr)
 model.fit(sk.shard((x, y), strategy, global_batch_size=16), epochs=4, verbose=0,
           shuffle=False, callbacks=[sk.callbacks.BackupAndRestore(backup_dir)])
 """
@@ -261,6 +267,8 @@ def test_workers_that_cannot_read_the_chiefs_backup_fail_at_once(tmp_path):
                            check=False)
     for worker in finished:
         assert worker.returncode != 0
+        assert ("keras.callbacks.BackupAndRestore writes its backup in place from every "
+                "worker") in worker.stderr, worker.stderr[-3000:]
         assert ("The workers resumed from different backups: worker 0 at epoch 2, worker 1 "
                 "at epoch 0.") in worker.stderr, worker.stderr[-3000:]
 
