@@ -28,7 +28,14 @@ import warnings
 import keras
 
 from strategykit.callbacks.backup_integrity import PRIVATE_DIR, problem_of, seal, sync_directory
-from strategykit.callbacks.backup_record import read_record, record_of, write_record
+from strategykit.callbacks.backup_record import (
+    read_record,
+    record_of,
+    resume_window,
+    window_of,
+    write_record,
+    write_window,
+)
 from strategykit.callbacks.backup_resume import (
     check_every_worker_restored,
     check_mid_epoch_resume,
@@ -304,6 +311,7 @@ class BackupAndRestore(keras.callbacks.Callback):
                 self._refuse_or_warn(backup, _WEIGHTS, f"not readable by Keras ({error})",
                                      last=last)
                 continue
+            resume_window(backup, self.model)  # gradient accumulation's, beyond Keras's
             with open(os.path.join(backup, _METADATA)) as file:
                 epoch = int(json.load(file)["epoch"])
             return epoch, record.get("step", 0), backup
@@ -329,9 +337,11 @@ class BackupAndRestore(keras.callbacks.Callback):
         writing = self._writer.backup_dir
         if not os.path.isdir(writing):
             return
+        window = window_of(self.model)  # on every worker: an all-reduce
         if not self._chief:
             shutil.rmtree(writing)
             return
+        write_window(writing, window)
         write_record(writing, {**self._written_by, "step": step,
                                "steps_per_epoch": self.params.get("steps"),
                                "global_batch_size": self._global_batch})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import tensorflow as tf
 
 from strategykit.made import strategies
@@ -33,8 +34,10 @@ _REDUCE_EVERY_MICRO_STEP = False
 # adds un-reduced gradients to its accumulators), every replica accumulates its own
 # gradients and the sums are all-reduced once per update, K-1 fewer all-reduces than
 # reducing every micro-step. The accumulators then differ between replicas inside a
-# window, so a checkpoint holds replica 0's only between updates: save at update
-# boundaries.
+# window, so a checkpoint holds replica 0's only between updates. A backup of
+# `sk.callbacks.BackupAndRestore` keeps a window in progress whole: `window_sums` (the
+# accumulators summed over the replicas) beside Keras's files, and `resume_window` after
+# Keras's restore (sums / replicas on every replica: the update's all-reduce adds them up).
 
 
 def _applies(optimizer, *args, **kwargs) -> bool:
@@ -135,6 +138,30 @@ def _weight_decay(variable, optimizer):
         lr = tf.cast(optimizer.learning_rate, variable.dtype)
         decay = tf.cast(optimizer.weight_decay, variable.dtype)
         variable.assign_sub(variable * decay * lr)
+
+
+def window_sums(optimizer, strategy) -> list[np.ndarray] | None:
+    """The gradients accumulated so far in the window in progress, summed over the
+    replicas, where each replica accumulates its own (several replicas of a strategy
+    strategykit made); None elsewhere (Keras's checkpoint then holds the whole state).
+    Across workers every worker must call it (an all-reduce)."""
+    accumulators = getattr(optimizer, "_accumulated_gradients", None)
+    if not (optimizer.gradient_accumulation_steps and accumulators and
+            strategies.is_ours(strategy) and strategy.num_replicas_in_sync > 1):
+        return None
+    variables = [accumulator.value for accumulator in accumulators]
+    local = _local_map(strategy, lambda a: [x.read_value() for x in a], variables)
+    return [strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None).numpy()
+            for value in local]
+
+
+def resume_window(optimizer, strategy, sums: list[np.ndarray]) -> None:
+    """Sets the accumulators to `window_sums` of a backup on any number of replicas:
+    `sums / replicas` on each, which the window's update adds up to `sums` again."""
+    replicas = strategy.num_replicas_in_sync
+    with strategy.scope():
+        for accumulator, total in zip(optimizer._accumulated_gradients, sums, strict=True):
+            accumulator.assign(total / replicas)
 
 
 def _tf_optimizer() -> type:

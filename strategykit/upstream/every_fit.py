@@ -47,8 +47,7 @@ def add_to_every_fit(make) -> None:
 
     Example:
         >>> import keras, tensorflow as tf
-        >>> from strategykit.cluster.roles import is_multi_worker
-from strategykit.made import strategies
+        >>> from strategykit.made import strategies
         >>> class Note(keras.callbacks.Callback):
         ...     async_safe = True
         >>> with strategies.register(tf.distribute.OneDeviceStrategy("/cpu:0")).scope():

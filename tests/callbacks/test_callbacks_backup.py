@@ -384,3 +384,37 @@ def test_sigterm_on_arrays_stops_without_a_mid_epoch_backup_and_resumes_exactly(
     resumed = _fit(2, [sk.callbacks.BackupAndRestore(tmp_path / "b"), epochs], arrays=True)
     assert epochs.seen == [2, 3, 4, 5]
     _assert_same_weights(resumed, uninterrupted)
+
+
+def _accumulating_fit(replicas, callbacks):
+    """4 epochs of 3 steps with gradient_accumulation_steps=2 on `replicas` replicas, in
+    float64: every other epoch ends inside an update window (its accumulators differ
+    between the replicas: each adds its own gradients until the window's update)."""
+    x, y = _data(48)
+    strategy = sk.mirrored(cpu_devices(replicas))
+    keras.utils.set_random_seed(1)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        model.compile(keras.optimizers.SGD(0.05, momentum=0.5, gradient_accumulation_steps=2),
+                      "mse")
+    model.fit(sk.shard((x, y), strategy, global_batch_size=16), epochs=4, verbose=0,
+              callbacks=callbacks)
+    return model
+
+
+@pytest.mark.parametrize("resumed_on", [2, 4])
+def test_a_backup_inside_an_accumulation_window_resumes_it_whole(tmp_path, float64,
+                                                                  resumed_on):
+    uninterrupted = _accumulating_fit(2, []).get_weights()
+    backup = sk.callbacks.BackupAndRestore(tmp_path / "b")
+    with pytest.raises(KeyboardInterrupt):  # after epoch 0: step 3, inside the 2nd window
+        _accumulating_fit(2, [backup, _Interrupt(1)])
+    (written,) = backup.backups()
+    assert sorted(os.listdir(written)) == ["accumulation.npz", "integrity.json",
+                                           "latest.weights.h5", "strategykit.json",
+                                           "training_metadata.json"]
+    epochs = _Epochs()
+    resumed = _accumulating_fit(resumed_on, [sk.callbacks.BackupAndRestore(tmp_path / "b"),
+                                             epochs])
+    assert epochs.seen == [1, 2, 3]
+    _assert_same_weights(resumed, uninterrupted, tolerance=1e-12)  # 3e-2 off with replica 0's
