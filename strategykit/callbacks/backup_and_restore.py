@@ -121,12 +121,13 @@ class BackupAndRestore(keras.callbacks.Callback):
         ValueError: `backup_dir` empty, not a path or an existing file, a `save_freq`
             that is neither `"epoch"` nor a positive integer, or (at `fit()`) a Keras 2
             model from tf_keras, no sound backup to restore, or a mid-epoch backup
-            resumed on data that is not `sk.shard`'s, shuffled without a seed, or of
+            resumed on data that is not `sk.shard`'s, in a new order every pass (a
+            shuffle without a seed, `sk.shard_tfds(..., shuffle=True)`), or of
             another global batch size or number of steps per epoch.
 
     Warns:
-        UserWarning: `save_freq=N` on data that is not `sk.shard`'s, or shuffled without
-            a seed (backing up at epoch ends instead).
+        UserWarning: `save_freq=N` on data that is not `sk.shard`'s, or in a new order
+            every pass (backing up at epoch ends instead).
 
     Example:
         >>> import strategykit as sk

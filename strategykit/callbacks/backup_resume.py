@@ -5,9 +5,10 @@ where the same steps stand for the same examples: on `sk.shard` data (whose pass
 at any step, `strategykit.data.position`) in an order that each pass repeats, of the
 same global batch size and steps per epoch (`check_mid_epoch_resume`). Other data starts
 every epoch at its first batch, so `fit()` would train those steps twice; a shuffle
-without a seed draws another order (`mid_epoch_obstacle` says which). Every worker must
-have restored the same backup (`check_every_worker_restored`), and unsynchronized batch
-norm resumed on another number of replicas is warned of (`warn_if_inexact`).
+without a seed, or TFDS's shuffled files, draw another order (`mid_epoch_obstacle` says
+which). Every worker must have restored the same backup (`check_every_worker_restored`),
+and unsynchronized batch norm resumed on another number of replicas is warned of
+(`warn_if_inexact`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import tensorflow as tf
 
 from strategykit.batchnorm.unsynchronized import unsynchronized_batch_norms
 from strategykit.callbacks.backup_record import read_record, replicas_text
-from strategykit.data.sharding import global_batch_size_of, shuffled_without_seed
+from strategykit.data.sharding import global_batch_size_of, new_order_every_pass
 from strategykit.strategy.reduction import every_replica
 
 _OR_DELETE = ("or delete that backup folder to go on from the backup before it, or afresh "
@@ -36,11 +37,11 @@ def mid_epoch_obstacle(dataset) -> tuple[str, str] | None:
     if global_batch_size_of(dataset) is None:
         return ("this fit()'s data is not sk.shard's: it starts every epoch at its first "
                 "batch", "pass sk.shard(data, strategy, global_batch_size=...) to fit()")
-    if shuffled_without_seed(dataset):
-        return ("this fit()'s sk.shard data is shuffled without a seed: every pass draws "
-                "a new order", "pass sk.shard(..., shuffle=True, seed=<an int>) (it still "
-                "reshuffles every epoch)")
-    return None
+    new_order = new_order_every_pass(dataset)
+    if new_order is None:
+        return None
+    why, fix = new_order
+    return f"this fit()'s sk.shard data {why}", fix
 
 
 def check_mid_epoch_resume(backup: str, record: dict, *, steps_per_epoch: int | None,

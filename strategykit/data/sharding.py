@@ -38,7 +38,7 @@ from strategykit.upstream import state_steps
 
 # distributed dataset made here (they carry weights) -> its global batch size
 _GLOBAL_BATCH = weakref.WeakKeyDictionary()
-_UNSEEDED_SHUFFLE = weakref.WeakSet()  # those of them that draw a new order every pass
+_NEW_ORDER = weakref.WeakKeyDictionary()  # those whose every pass is in a new order
 
 
 def global_batch_size_of(dataset) -> int | None:
@@ -50,13 +50,19 @@ def global_batch_size_of(dataset) -> int | None:
         return None
 
 
-def shuffled_without_seed(dataset) -> bool:
-    """Whether `dataset` is `sk.shard(..., shuffle=True)`'s without a seed: its every pass
-    draws a new order, so the steps of one pass are not those of another."""
+def new_order_every_pass(dataset) -> tuple[str, str] | None:
+    """Why every pass of `dataset`, one of `sk.shard`'s, is in a new order, and the fix,
+    for messages; None where the passes of an epoch repeat one order (no shuffle, or one
+    keyed by a seed and the epoch), and for other data."""
     try:
-        return dataset in _UNSEEDED_SHUFFLE
+        return _NEW_ORDER.get(dataset)
     except TypeError:  # not weakly referable: not one of sk.shard's
-        return False
+        return None
+
+
+def note_new_order_every_pass(dataset, why: str, fix: str) -> None:
+    """Notes that every pass of `dataset` is in a new order: `why`, and `fix` for that."""
+    _NEW_ORDER[dataset] = why, fix
 
 
 def per_replica_batch_size(strategy: tf.distribute.Strategy, global_batch_size: int) -> int:
@@ -287,7 +293,10 @@ def shard(
                                                      element_spec=own_specs[0]))
         _GLOBAL_BATCH[distributed] = int(global_batch_size)
         if shuffle and seed is None:
-            _UNSEEDED_SHUFFLE.add(distributed)
+            note_new_order_every_pass(
+                distributed, "is shuffled without a seed: every pass draws a new order",
+                "pass sk.shard(..., shuffle=True, seed=<an int>) (it still reshuffles every "
+                "epoch)")
         remade_data.register(distributed, lambda **changes: made(**{**options, **changes}),
                              options)
         predict_input.register(

@@ -22,7 +22,7 @@ import tensorflow as tf
 from strategykit.cluster.roles import is_multi_worker
 from strategykit.data import predict_input
 from strategykit.data.shard_arguments import check_seed, check_shuffle_buffer
-from strategykit.data.sharding import shard
+from strategykit.data.sharding import note_new_order_every_pass, shard
 
 
 def prepared_builder(name: str, data_dir: str | None = None):
@@ -266,6 +266,11 @@ def shard_tfds(
         shuffle_buffer=shuffle_buffer or size, augment=augment,
     )
     what = f"sk.shard_tfds({name!r}, {split!r}, ...)"
+    if shuffle and builder.is_prepared():  # TFDS's file order is the iteration's, not the epoch's
+        note_new_order_every_pass(
+            distributed, "reads the split's files in a new order every pass "
+            f"({what} with shuffle=True)", f"pass {what} with shuffle=False, or the split's "
+            "examples to sk.shard(..., shuffle=True, seed=<an int>)")
     if is_multi_worker(strategy):
         predict_input.refuse(distributed, predict_input.across_workers_message(
             what, strategy, "For predict(), pass the split's examples to sk.shard, which "

@@ -1,6 +1,7 @@
 """sk.shard_tfds on a real multi-file TFDS dataset prepared in a temporary data_dir."""
 
 import importlib
+import os
 import sys
 import warnings
 
@@ -225,6 +226,29 @@ def test_keras_sees_the_steps_and_trains_as_one_device(make_strategy, data_dir, 
         assert {count.split("/")[1] for count in counts} == {str(steps)}
         for got, want in zip(model.get_weights(), reference.get_weights()):
             np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_shuffled_tfds_files_are_backed_up_at_epoch_ends_only(make_strategy, data_dir,
+                                                              tmp_path):
+    # TFDS draws a new file order every pass, whatever the seed (the order of a pass is the
+    # iteration's, not the epoch's): a resume at a step of the epoch would skip other
+    # examples than those done, so save_freq=N backs up at epoch ends instead.
+    strategy = make_strategy(2)
+    ds = sk.shard_tfds("sharding_toy", "train", strategy, global_batch_size=8,
+                       data_dir=data_dir, shuffle=True, seed=7)
+    with strategy.scope():
+        model = _compiled(_id_regressor())
+    backup = sk.callbacks.BackupAndRestore(tmp_path / "b", save_freq=1,
+                                           delete_checkpoint=False)
+    with pytest.warns(UserWarning, match=(
+            r"BackupAndRestore\(save_freq=1\) backs up in the middle of an epoch only on "
+            r"data whose pass can start at any step, and this fit\(\)'s sk\.shard data reads "
+            r"the split's files in a new order every pass \(sk\.shard_tfds\('sharding_toy', "
+            r"'train', \.\.\.\) with shuffle=True\): .* For a backup every 1 batches, pass "
+            r"sk\.shard_tfds\('sharding_toy', 'train', \.\.\.\) with shuffle=False")):
+        model.fit(ds, epochs=1, verbose=0, shuffle=False, callbacks=[backup])
+    (written,) = backup.backups()
+    assert os.path.basename(written) == "backup-000000"  # the epoch's end, not 3 steps
 
 
 def test_shard_tfds_under_mock_data(make_strategy):
