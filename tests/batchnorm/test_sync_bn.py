@@ -279,6 +279,7 @@ def test_keras_file_round_trip(tmp_path):
     assert type(again.layers[0]) is sk.SyncBatchNormalization
 
 
+@pytest.mark.slow
 def test_a_saved_converted_model_and_its_checkpoint_load_without_strategykit(tmp_path):
     keras.utils.set_random_seed(0)
     model = sk.convert_sync_batchnorm(keras.Sequential([

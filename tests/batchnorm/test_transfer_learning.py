@@ -12,6 +12,7 @@ that `sk.shard` fills up with copies must leave them out of the moments.
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import strategykit as sk
@@ -77,6 +78,7 @@ def _flow(strategy, sharded: bool):
     return model, {**head.history, **{f"tuned_{k}": v for k, v in tuned.history.items()}}
 
 
+@pytest.mark.slow
 def test_the_fine_tuning_flow_on_four_replicas_equals_one_device(float64):
     one, one_history = _flow(tf.distribute.get_strategy(), sharded=False)
     model, history = _flow(sk.mirrored(cpu_devices(4)), sharded=True)

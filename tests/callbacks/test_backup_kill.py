@@ -9,6 +9,7 @@ import os
 import shutil
 
 import numpy as np
+import pytest
 
 TRAIN = """
 import os, signal
@@ -59,6 +60,7 @@ def _train(run_python, kill_at, backup_dir, out):
         "KILL_AT": kill_at, "BACKUP_DIR": str(backup_dir), "OUT": str(out)})
 
 
+@pytest.mark.slow
 def test_a_process_killed_while_backing_up_resumes_from_the_backup_before(run_python,
                                                                           tmp_path):
     whole = _train(run_python, "", tmp_path / "whole", tmp_path / "whole.npy")

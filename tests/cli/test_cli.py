@@ -106,6 +106,7 @@ def tensorflow_alone():
     return run_fresh("-c", SETTINGS.format(imports="import tensorflow as tf; tf.constant(1)"))
 
 
+@pytest.mark.slow
 def test_installed_command_shows_four_replicas_on_a_machine_without_gpus(quiet_info):
     # A fresh process, as a user runs it: the command itself splits the CPU, and prints
     # nothing on stderr (no TensorFlow log line either: the next test).
@@ -115,6 +116,7 @@ def test_installed_command_shows_four_replicas_on_a_machine_without_gpus(quiet_i
     assert quiet_info.stderr == ""
 
 
+@pytest.mark.slow
 def test_the_command_prints_no_tensorflow_log_line_unless_verbose(quiet_info, tensorflow_alone):
     # Quiet: the run the test above reads, on every line of its stdout and stderr.
     assert quiet_info.returncode == 0, quiet_info.stderr[-3000:]

@@ -4,6 +4,7 @@ import re
 import subprocess
 import sys
 
+import pytest
 from test_cli import TF_LOG_LINE
 
 import strategykit_console
@@ -18,6 +19,7 @@ def summary_rows(text: str) -> dict:
     return {row[0]: row[1] for row in rows if len(row) == 2}
 
 
+@pytest.mark.slow
 def test_the_readme_demo_reaches_95_percent_and_writes_its_plot_and_history(tmp_path):
     # The README's first command, as a user runs it: a fresh process through the
     # command's entry point, default settings, no logging variables.
@@ -80,6 +82,7 @@ def test_check_command_passes_on_this_machine(capsys):
     assert capsys.readouterr().out.startswith("PASSED: 2 replicas x 16 examples against 1 device")
 
 
+@pytest.mark.slow
 def test_demo_across_two_worker_processes_reaches_the_same_accuracy(tmp_path):
     # `strategykit demo --workers 2`: 2 worker processes of 1 replica, through the
     # launcher; the same global batch and data order as 2 replicas in one process.

@@ -41,6 +41,8 @@ in the next epoch), still before the last. Each epoch costs each worker about 0.
 CPU, its backup included; starting each worker process about 9 s."""
 TIMEOUT = 300
 
+pytestmark = pytest.mark.slow  # each test starts worker processes: started first
+
 _WORKER = """
 import json, os, signal, sys, time
 sys.path[:0] = {tests!r}

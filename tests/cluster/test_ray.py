@@ -163,6 +163,7 @@ def _one_device(strategy):
     return model
 
 
+@pytest.mark.slow
 def test_ray_train_workers_equal_one_device_on_the_global_batch(tmp_path, make_strategy):
     report, output, out, reference = _run_driver(
         tmp_path, meanwhile=lambda: _one_device(make_strategy(1)))

@@ -66,6 +66,7 @@ def test_a_stuck_peer_ends_the_job_after_the_hang_timeout(tmp_path):
     assert ended - _fault_time(finished) < 4 + 40
 
 
+@pytest.mark.slow
 def test_a_dead_peer_fails_the_others_within_seconds(tmp_path):
     finished = run_workers(_STUCK_WORKER, args=["die"], check=False, timeout=120,
                            env={"STRATEGYKIT_HANG_TIMEOUT": "0"}, tmp_path=tmp_path)

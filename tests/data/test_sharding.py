@@ -506,6 +506,7 @@ def test_the_hand_written_steps_are_the_steps_each_replica_reads(make_strategy, 
         assert steps == _expected_steps((size, batch), remainder, replicas), (size, batch)
 
 
+@pytest.mark.slow
 def test_evaluate_predict_and_fit_run_every_step_without_warnings(make_strategy, capsys):
     strategy = make_strategy(4)
     x = np.random.default_rng(0).normal(size=(50, 3)).astype("float32")  # 3 x 16 + 2

@@ -336,6 +336,7 @@ print(json.dumps({"batches": [step[0] for step in sk.replica_batches(ds, strateg
 """
 
 
+@pytest.mark.slow
 def test_shard_tfds_across_two_workers_gives_every_example_once(data_dir, tmp_path):
     # Each worker reads its own files: 2 of the 4, 11 examples each (6 + 5, 5 + 6), so
     # both count 6 steps of 2 (the last padded), and Keras is told them on both.

@@ -160,6 +160,7 @@ def deeplab_fn(synchronized, built=None):
     return model_fn
 
 
+@pytest.mark.slow
 def test_the_44_batch_norm_resnet50_net_passes_with_sync_bn_and_fails_without():
     # float32 rounding alone moves this net 0.03 in 3 steps (as much as the real error);
     # the default float64 comparison separates the two.
@@ -549,6 +550,7 @@ def test_random_layers_are_switched_off_on_both_sides_and_named():
             "runs computed them as in inference") in str(report)
 
 
+@pytest.mark.slow
 def test_the_float64_check_prints_no_tensorflow_lines_and_restores_the_optimizer(tmp_path):
     # TensorFlow's remapper logged `util.cc:163] Not handling type DT_DOUBLE` for each
     # float64 op it could have fused: 36 lines for this check. A fresh process (not

@@ -55,6 +55,7 @@ def without_the_fix(monkeypatch):
         stream, sharding.PassEachEpoch) else attach(distributed, stream))
 
 
+@pytest.mark.slow
 def test_the_forecaster_on_4_replicas_trains_as_one_device_over_epochs(float64):
     strategy = sk.mirrored(cpu_devices(4))
     one = forecaster()
@@ -75,6 +76,7 @@ def test_the_forecaster_on_4_replicas_trains_as_one_device_over_epochs(float64):
     assert np.isfinite(history.history["loss"]).all()
 
 
+@pytest.mark.slow
 def test_sk_check_of_the_forecasters_dataset_passes_and_says_what_it_covered():
     report = sk.check(forecaster, windows().unbatch(), strategy=sk.mirrored(cpu_devices(4)))
     assert report.passed, str(report)
@@ -85,6 +87,7 @@ def test_sk_check_of_the_forecasters_dataset_passes_and_says_what_it_covered():
             "sk.shard of your dataset as it is") in str(report)
 
 
+@pytest.mark.slow
 def test_sk_check_fails_the_forecaster_where_a_step_runs_past_the_end(without_the_fix):
     report = sk.check(forecaster, windows().unbatch(), strategy=sk.mirrored(cpu_devices(4)))
     assert not report.passed and report.max_difference > 1e-5

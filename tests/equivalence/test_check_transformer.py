@@ -10,6 +10,7 @@ token_and_position_embedding" before).
 
 import keras
 import numpy as np
+import pytest
 from keras import layers, ops
 
 import strategykit as sk
@@ -63,6 +64,7 @@ def text_classifier():
     return model
 
 
+@pytest.mark.slow
 def test_keras_io_transformer_text_classifier_passes():
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, VOCABULARY, size=(64, MAXLEN))

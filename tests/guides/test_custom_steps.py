@@ -15,6 +15,8 @@ import pathlib
 import re
 import textwrap
 
+import pytest
+
 from workers import run_processes
 
 ROOT = pathlib.Path(__file__).parents[2]
@@ -132,6 +134,7 @@ def test_the_page_has_an_example_for_each_section():
     assert "sk.mirrored(replicas=4)" in page_examples()[0][1]
 
 
+@pytest.mark.slow
 def test_every_example_runs_and_reports_what_one_device_reports(tmp_path):
     blocks, checks = tmp_path / "blocks.json", tmp_path / "checks.json"
     blocks.write_text(json.dumps(page_examples()))

@@ -6,6 +6,8 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from workers import TESTS
 
 EXAMPLES = os.path.join(os.path.dirname(TESTS), "examples")
@@ -17,6 +19,7 @@ TF_LOG_LINE = re.compile(r"(\[worker \d+\] )?([IWEF]\d{4} \d\d:\d\d:\d|WARNING: 
                          r"messages before absl)")
 
 
+@pytest.mark.slow
 def test_multi_worker_example_trains_under_the_launcher_without_tensorflow_log_lines(tmp_path):
     # As a user's shell runs it: no logging variables, so the launcher quiets the workers.
     # Their TensorFlow prints C++ log lines that TF_CPP_MIN_LOG_LEVEL does not silence (at

@@ -44,6 +44,7 @@ def test_there_are_notebooks():
     assert len(NOTEBOOKS) >= 5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda path: path.stem)
 def test_notebook_executes_from_scratch(path, tmp_path):
     notebook = nbformat.read(path, as_version=4)
@@ -75,6 +76,7 @@ def test_committed_notebook_shows_no_tensorflow_log_line_nor_quieting_code(path)
     assert notebook.cells[1].source.startswith("import strategykit as sk\n")
 
 
+@pytest.mark.slow
 def test_a_fresh_kernel_shows_no_tensorflow_log_line_and_keeps_the_logging_settings(tmp_path):
     # A kernel started the ordinary way: `import strategykit` imports TensorFlow here, and
     # the filter must be in place before it. The user's settings are read before strategykit

@@ -71,12 +71,14 @@ def _fine_tuned(strategy, sharded: bool, lora: bool = False):
     return model, model.fit(**train, epochs=1, verbose=0).history
 
 
+@pytest.mark.slow
 def test_fine_tuning_a_causal_lm_on_four_replicas_equals_one_device(float64):
     one, one_history = _fine_tuned(tf.distribute.get_strategy(), sharded=False)
     model, history = _fine_tuned(sk.mirrored(cpu_devices(4)), sharded=True)
     assert_same_as_one_device(model, one, history, one_history)
 
 
+@pytest.mark.slow
 def test_lora_fine_tuning_in_float64_on_four_replicas_equals_one_device(float64):
     one, one_history = _fine_tuned(tf.distribute.get_strategy(), sharded=False, lora=True)
     model, history = _fine_tuned(sk.mirrored(cpu_devices(4)), sharded=True, lora=True)

@@ -82,6 +82,7 @@ def _fine_tuned(strategy, family, sharded: bool):
     return model, {**head, **{f"tuned_{name}": values for name, values in tuned.items()}}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", [_resnet, _densenet], ids=["resnet", "densenet"])
 def test_fine_tuning_an_image_classifier_on_four_replicas_equals_one_device(float64, family):
     one, one_history = _fine_tuned(tf.distribute.get_strategy(), family, sharded=False)
@@ -111,6 +112,7 @@ def _two_stacks():
                                                   preprocessor=preprocessor)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("built", ["in_scope", "outside_scope"])
 def test_a_converted_resnet_trains_on_four_replicas_as_the_same_model_on_one_device(
         float64, built):

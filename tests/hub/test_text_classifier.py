@@ -86,6 +86,7 @@ def _on_tokens(model, strategy, sharded: bool):
                      verbose=0).history
 
 
+@pytest.mark.slow
 def test_a_text_classifier_on_four_replicas_equals_one_device(float64):
     one_device, strategy = tf.distribute.get_strategy(), sk.mirrored(cpu_devices(4))
     one, model = _classifier(one_device), _classifier(strategy)
@@ -118,6 +119,7 @@ def _sentencepiece_proto():
     return proto.getvalue()
 
 
+@pytest.mark.slow
 def test_sk_check_of_a_sentencepiece_classifier_whose_model_fn_sets_the_seed(float64):
     # keras.utils.set_random_seed clears TensorFlow's kernel cache, which holds a
     # SentencePiece tokenizer's model: the first model's tokenizer is gone once model_fn

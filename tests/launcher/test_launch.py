@@ -343,6 +343,7 @@ def test_a_stopped_worker_is_named_and_the_hung_job_killed(job):
     assert not any(alive(facts["pid"]) for facts in job.records().values())
 
 
+@pytest.mark.slow
 def test_a_stopped_worker_is_named_when_a_healthy_peer_fails_first(job, tmp_path):
     # TensorFlow ends the healthy worker about 10 s after the stopped one's last heartbeat,
     # long before a realistic hang timeout: the launcher names the stopped worker, and the

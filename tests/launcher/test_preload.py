@@ -23,6 +23,7 @@ def job(tmp_path):
     job.kill_leftovers()
 
 
+@pytest.mark.slow
 def test_preloaded_workers_are_the_command_run_by_python_restarts_included(job):
     # `python -m worker` from the job's folder, 2 workers, 2 GPUs, two restarts: worker 1
     # fails in the first attempt with an exception, as `python -m worker` would; in the

@@ -120,6 +120,7 @@ def test_nccl_without_gpus_is_an_error_not_a_fallback():
         sk.mirrored(cpu_devices(2), cross_device_ops="nccl")
 
 
+@pytest.mark.slow
 def test_replicas_in_a_fresh_process_split_the_cpu_and_fit(run_python):
     result = run_python(
         """

@@ -24,6 +24,7 @@ import keras
 import pytest
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["mirrored", "one device"])
 def test_other_models_train_as_without_strategykit(run_python, where):
     # In a process of its own: see other_models.py (collective keys).
@@ -72,6 +73,7 @@ def _run_keras_tests(tmp_path, arguments: list[str], *, with_strategykit: bool) 
     return outcomes
 
 
+@pytest.mark.slow
 def test_keras_own_tests_pass_with_the_fixes_in_use_as_without(tmp_path):
     source = pathlib.Path(keras.__file__).parent / "src"
     if not all((source / name).is_file() for name in _KERAS_TESTS):

@@ -103,6 +103,7 @@ def test_added_losses_of_four_replicas_equal_one_devices(float64, kind, weighted
     np.testing.assert_allclose(loss, expected_loss, rtol=1e-12)
 
 
+@pytest.mark.slow
 def test_a_custom_loop_reads_each_replicas_added_losses(float64):
     x, y = data(weighted=False)
     expected, optimizer = build("custom_loop"), keras.optimizers.SGD(0.1)

@@ -11,6 +11,7 @@ fit() and evaluate() report, and predict()'s rows.
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import strategykit as sk
@@ -43,6 +44,7 @@ def _data():
     return rng.normal(size=(EXAMPLES, 6, 6, 2)), rng.integers(0, 3, EXAMPLES)
 
 
+@pytest.mark.slow
 def test_xla_on_two_replicas_equals_xla_on_one_device(float64):
     # Synchronized batch norm and steps_per_execution=2 (the K = 1 step: the two-worker
     # test below); fit(), evaluate() and predict()
@@ -129,6 +131,7 @@ print(json.dumps({"jit_compile": model.jit_compile, "history": history,
 """
 
 
+@pytest.mark.slow
 def test_xla_across_two_workers_equals_xla_on_one_device(float64, tmp_path):
     x, y = _data()
     one = _conv_net(sync_bn=True)
