@@ -22,8 +22,9 @@ def summary_rows(text: str) -> dict:
 @pytest.mark.slow
 def test_the_readme_demo_reaches_95_percent_and_writes_its_plot_and_history(tmp_path):
     # The README's first command, as a user runs it: a fresh process through the
-    # command's entry point, default settings, no logging variables.
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_CPP", "ABSL"))}
+    # command's entry point, default settings, no logging or threading variables.
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("TF_CPP", "ABSL", "TF_NUM_INTRAOP"))}
     result = subprocess.run(
         [sys.executable, "-m", "strategykit_console", "demo", "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=900, env=env,
