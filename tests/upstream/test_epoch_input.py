@@ -82,9 +82,9 @@ def test_plain_distributed_data_gets_one_iterator_per_epoch(make_strategy, itera
                                                            monkeypatch):
     import tensorflow as tf
 
-    # The iterators this fit() starts, and those of them it hands to the reaper, counted
-    # (not held). Not all releases: an earlier test's Keras epoch iterator, collected
-    # during this fit(), hands its last iterator over then too.
+    # The iterators this fit() starts (held, as iterators_made holds them), and the
+    # releases of those to the reaper, counted. Not every release: an earlier test's Keras
+    # epoch iterator, collected during this fit(), hands its last iterator over then too.
     mine, released = [], []
     iterate = input_lib.DistributedDataset.__iter__
     monkeypatch.setattr(input_lib.DistributedDataset, "__iter__",
