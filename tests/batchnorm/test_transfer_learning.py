@@ -1,4 +1,4 @@
-"""keras.io's transfer-learning flow on 4 replicas equals one device, padded batch included.
+"""keras.io's transfer-learning flow on 2 replicas equals one device, padded batch included.
 
 The sync-BN guide's fine-tuning section (docs/guides/sync-batchnorm.md), as keras.io's
 transfer-learning guide writes it: a base of MobileNetV2's blocks (small, untrained, its
@@ -79,7 +79,7 @@ def _flow(strategy, sharded: bool):
 
 
 @pytest.mark.slow
-def test_the_fine_tuning_flow_on_four_replicas_equals_one_device(float64):
+def test_the_fine_tuning_flow_on_two_replicas_equals_one_device(float64):
     one, one_history = _flow(tf.distribute.get_strategy(), sharded=False)
-    model, history = _flow(sk.mirrored(cpu_devices(4)), sharded=True)
+    model, history = _flow(sk.mirrored(cpu_devices(2)), sharded=True)
     assert_same_as_one_device(model, one, history, one_history)

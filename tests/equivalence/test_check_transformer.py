@@ -69,7 +69,7 @@ def test_keras_io_transformer_text_classifier_passes():
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, VOCABULARY, size=(64, MAXLEN))
     labels = (tokens[:, 0] > VOCABULARY // 2).astype("int32")
-    report = sk.check(text_classifier, (tokens, labels), strategy=sk.mirrored(cpu_devices(4)),
+    report = sk.check(text_classifier, (tokens, labels), strategy=sk.mirrored(cpu_devices(2)),
                       global_batch_size=16)
     assert report.passed, str(report)
     assert len(report.random_layers) == 4  # the block's two Dropouts and the head's two
