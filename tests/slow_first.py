@@ -3,7 +3,7 @@
 pytest-xdist's worksteal scheduler (pyproject.toml's `--dist worksteal`) first gives each
 test process the next `len(pending) // processes_left` tests of the collection, in order,
 and from then on an idle process takes the second half of the longest queue. In file
-order, the slow tests (worker processes, notebook kernels, keras-hub models: 47 of 1373
+order, the slow tests (worker processes, notebook kernels, keras-hub models: 49 of 1373
 tests, more than half of the time) end some shares, and a process that starts one
 last runs alone for up to a minute while the others have nothing left. Here each share
 begins with slow tests instead, a module's together (a module's cached references stay in

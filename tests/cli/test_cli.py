@@ -72,7 +72,9 @@ def test_info_rejects_a_replica_count_that_is_not_positive(capsys, value):
 
 
 # Fresh processes, as a user runs the command. Each one that imports TensorFlow costs about
-# 9 s of CPU: the module's fixtures below run once per test process and serve two tests.
+# 9 s of CPU: the module's fixtures below run once per test process and serve two tests
+# each. The four tests that use them are marked slow, so that the suite deals them to one
+# test process together (tests/slow_first.py); a split ran each fixture twice.
 
 SETTINGS = """
 import logging, os
@@ -129,6 +131,7 @@ def test_the_command_prints_no_tensorflow_log_line_unless_verbose(quiet_info, te
         assert tf_log_lines(verbose)
 
 
+@pytest.mark.slow
 def test_importing_the_library_changes_no_logging_setting(tensorflow_alone):
     # Against TensorFlow alone, which runs an op as the library's strategy does: the
     # control of the test above (its settings are those of a bare `import tensorflow`).
@@ -166,6 +169,7 @@ def test_the_filter_keeps_every_other_line_of_stderr():
     assert result.stdout == "out []\n"
 
 
+@pytest.mark.slow
 def test_python_m_strategykit_is_the_command(quiet_info):
     # `python -m strategykit` and `python -m strategykit.cli` become the command's entry
     # point (strategykit/cli/run_as_module.py): `info` as the installed script prints it,
