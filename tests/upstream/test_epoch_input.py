@@ -21,22 +21,31 @@ from conftest import bn_regressor, restorer
 @pytest.fixture
 def iterators_made(monkeypatch):
     """Every distributed dataset iterator started from now on (Keras's and ours): the
-    datasets they were started from, one per iterator.
+    datasets they were started from, one per iterator; the iterators themselves in its
+    `iterators`.
 
     The iterators are held until the test ends, then handed to the reaper: a test of
     Keras's own loop, which drops them on its thread, would wait there for each deletion.
     """
-    made, iterators = [], []
+    made = _Started()
     for cls in (input_lib.DistributedDataset, input_lib.DistributedDatasetsFromFunction):
         def counted(self, original=cls.__iter__):
             made.append(self)
-            iterators.append(original(self))
-            return iterators[-1]
+            made.iterators.append(original(self))
+            return made.iterators[-1]
 
         monkeypatch.setattr(cls, "__iter__", counted)
     yield made
-    while iterators:
-        iterator_reaper.release(iterators.pop())
+    while made.iterators:
+        iterator_reaper.release(made.iterators.pop())
+
+
+class _Started(list):
+    """The datasets iterated (`iterators_made`), and in `iterators` the iterators."""
+
+    def __init__(self):
+        super().__init__()
+        self.iterators = []
 
 
 def _regression_data(size, seed=0):
@@ -82,17 +91,14 @@ def test_plain_distributed_data_gets_one_iterator_per_epoch(make_strategy, itera
                                                            monkeypatch):
     import tensorflow as tf
 
-    # The iterators this fit() starts (held, as iterators_made holds them), and the
-    # releases of those to the reaper, counted. Not every release: an earlier test's Keras
-    # epoch iterator, collected during this fit(), hands its last iterator over then too.
-    mine, released = [], []
-    iterate = input_lib.DistributedDataset.__iter__
-    monkeypatch.setattr(input_lib.DistributedDataset, "__iter__",
-                        lambda self: mine.append(iterate(self)) or mine[-1])
+    # The releases to the reaper of the iterators this fit() starts, counted. Not every
+    # release: an earlier test's Keras epoch iterator, collected during this fit(), hands
+    # its last iterator over then too.
+    released = []
     release = iterator_reaper.release
     monkeypatch.setattr(iterator_reaper, "release", lambda iterator: (
-        released.append(1) if any(iterator is own for own in mine) else None,
-        release(iterator)))
+        released.append(1) if any(iterator is own for own in iterators_made.iterators)
+        else None, release(iterator)))
     strategy = make_strategy(2)
     x, y = _regression_data(64)
     with strategy.scope():
