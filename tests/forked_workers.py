@@ -36,8 +36,9 @@ class Forks:
     """The client of one fork server: starts workers, tells when each has ended."""
 
     def __init__(self):
-        self._log = tempfile.NamedTemporaryFile(prefix="forked-workers-", suffix=".log",
-                                                delete=False)
+        # The server's stderr, in a file without a name: gone with this process however it
+        # ends (a test process's `atexit` does not always run).
+        self._log = tempfile.TemporaryFile()
         self._server = subprocess.Popen(
             [sys.executable, os.path.abspath(__file__)], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=self._log,
@@ -73,7 +74,7 @@ class Forks:
         if self._server.poll() is None:
             self._server.kill()
             self._server.wait()
-        os.remove(self._log.name)
+        self._log.close()
 
     def _read(self, wanted, timeout: float, none_at_timeout: bool = False):
         """The next message from the server that `wanted` accepts; "ended" messages
@@ -96,8 +97,9 @@ class Forks:
             if readable:
                 chunk = os.read(self._server.stdout.fileno(), 65536)
                 if not chunk:
-                    with open(self._log.name) as log:
-                        raise AssertionError("the fork server ended:\n" + log.read()[-3000:])
+                    self._log.seek(0)
+                    raise AssertionError("the fork server ended:\n"
+                                         + self._log.read().decode(errors="replace")[-3000:])
                 self._buffer += chunk
 
 
