@@ -27,6 +27,7 @@ import warnings
 
 import keras
 
+from strategykit.callbacks import backup_lock
 from strategykit.callbacks.backup_integrity import PRIVATE_DIR, problem_of, seal, sync_directory
 from strategykit.callbacks.backup_record import (
     read_record,
@@ -97,7 +98,10 @@ class BackupAndRestore(keras.callbacks.Callback):
     restored, with a warning naming the file and what is wrong; otherwise `fit()`
     raises, naming them and the fix. Backups written by an older strategykit, without a
     record, are refused the same way (delete them to start afresh). Backups are private:
-    folders 0700, files 0600, and `backup_dir` 0700 when strategykit makes it. An epoch-
+    folders 0700, files 0600, and `backup_dir` 0700 when strategykit makes it. One run
+    at a time writes a `backup_dir`: its chief locks `backup_dir/.lock` for the length
+    of `fit()` (`backup_lock`; a killed run frees it at once), and a second run is
+    refused, naming the first. An epoch-
     end backup resumes on any data and global batch size. A backup from the middle of an
     epoch (SIGTERM, `save_freq=N`) resumes only on `sk.shard` data of the same global
     batch size and steps per epoch, whose pass starts at the next step in the same order
@@ -124,10 +128,13 @@ class BackupAndRestore(keras.callbacks.Callback):
             resumed on data that is not `sk.shard`'s, in a new order every pass (a
             shuffle without a seed, `sk.shard_tfds(..., shuffle=True)`), or of
             another global batch size or number of steps per epoch.
+        RuntimeError: (at `fit()`) another run, in another process, is writing
+            `backup_dir`; or its lock file cannot be opened (a symbolic link there).
 
     Warns:
         UserWarning: `save_freq=N` on data that is not `sk.shard`'s, or in a new order
-            every pass (backing up at epoch ends instead).
+            every pass (backing up at epoch ends instead); a file system without locks
+            (a second run on `backup_dir` cannot be detected).
 
     Example:
         >>> import strategykit as sk
@@ -175,10 +182,12 @@ class BackupAndRestore(keras.callbacks.Callback):
         data = last_data(self.model)
         self._global_batch = global_batch_size_of(data)  # None: not sk.shard's
         self._obstacle = mid_epoch_obstacle(data)  # None: its pass starts at any step
+        if self._chief:  # the writer of backup_dir: one run at a time
+            if not os.path.isdir(self.backup_dir):
+                os.makedirs(self.backup_dir, mode=PRIVATE_DIR)  # private: the backups are
+                os.chmod(self.backup_dir, PRIVATE_DIR)
+            backup_lock.acquire(self.backup_dir)
         epoch, step, backup = self._restore()
-        if self._chief and not os.path.isdir(self.backup_dir):
-            os.makedirs(self.backup_dir, mode=PRIVATE_DIR)  # private: the backups are
-            os.chmod(self.backup_dir, PRIVATE_DIR)
         if is_multi_worker(strategy):
             check_every_worker_restored(strategy, epoch, step, self.backup_dir)
         if backup and self._chief:
@@ -233,6 +242,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._preemption.stop()
         if self.delete_checkpoint and self._chief:
             shutil.rmtree(self.backup_dir, ignore_errors=True)
+        backup_lock.release(self.backup_dir)
 
     def _write_position(self, step: int) -> int:
         """Keras's metadata of a backup at `step` of the current epoch (resumed there).

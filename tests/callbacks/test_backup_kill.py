@@ -3,7 +3,9 @@ a backup (half a weights file on disk) is run again, resumes from the backup bef
 ends with the weights of an uninterrupted run (float64, bit for bit; 90 examples, so
 each epoch ends on a partial batch). A kill between the seal and the publishing rename
 is tested in-process (test_callbacks_backup). The same backup with its weights file
-deleted is refused by the process resuming from it, naming the file."""
+deleted is refused by the process resuming from it, naming the file. The killed run's
+lock file stays, and locks nothing: the system freed the lock with the process, and the
+next run takes `backup_dir` over (`backup_lock`)."""
 
 import os
 import shutil
@@ -68,7 +70,8 @@ def test_a_process_killed_while_backing_up_resumes_from_the_backup_before(run_py
     killed = _train(run_python, "weights", tmp_path / "b", tmp_path / "never.npy")
     assert killed.returncode == -9, killed.stderr  # SIGKILL, mid-backup
     assert not os.path.exists(tmp_path / "never.npy")
-    assert sorted(os.listdir(tmp_path / "b")) == [".writing", "backup-000001"]  # epoch 2's
+    assert sorted(os.listdir(tmp_path / "b")) == [  # epoch 2's, and the killed run's lock
+        ".lock", ".writing", "backup-000001"]
     damaged = tmp_path / "damaged"
     shutil.copytree(tmp_path / "b", damaged)
     os.remove(damaged / "backup-000001" / "latest.weights.h5")

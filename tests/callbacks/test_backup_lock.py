@@ -1,0 +1,113 @@
+"""One run at a time per `backup_dir` (`strategykit.callbacks.backup_lock`).
+
+A second process starting `fit()` on the `backup_dir` of a run in progress is refused,
+naming the run, and leaves its backups as they were; once the run has ended, the next
+one takes the folder over. What frees the lock at once is tested elsewhere: a SIGKILLed
+run's next run resumes in another process (test_backup_kill), and a `fit()` stopped by an
+exception is resumed by the same process (test_callbacks_backup), as is a worker that
+is not the chief (it writes no backup_dir: tests/cluster/test_launch_resume.py)."""
+
+import os
+import socket
+
+import keras
+import numpy as np
+import pytest
+
+import strategykit as sk
+from strategykit.callbacks import backup_lock
+
+from conftest import cpu_devices
+
+SECOND_RUN = """
+import os
+import numpy as np
+import keras
+import strategykit as sk
+
+strategy = sk.mirrored(replicas=2)
+with strategy.scope():
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+x = np.ones((8, 3))
+data = sk.shard((x, x[:, :1]), strategy, global_batch_size=4)
+try:
+    history = model.fit(data, epochs=3, verbose=0, callbacks=[
+        sk.callbacks.BackupAndRestore(os.environ["BACKUP_DIR"], delete_checkpoint=False)])
+except RuntimeError as error:
+    print("REFUSED", error)
+else:
+    print("TRAINED epochs", history.epoch)
+"""
+
+
+def _fit(backup_dir, callbacks=(), epochs=3):
+    strategy = sk.mirrored(cpu_devices(2))
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        model.compile("sgd", "mse")
+    x = np.random.default_rng(0).normal(size=(10, 3))  # a partial final batch
+    data = sk.shard((x, x[:, :1]), strategy, global_batch_size=4)
+    return model.fit(data, epochs=epochs, verbose=0, callbacks=[
+        sk.callbacks.BackupAndRestore(backup_dir, delete_checkpoint=False), *callbacks])
+
+
+def _listing(folder):
+    return sorted((root, name, os.stat(os.path.join(root, name)).st_mtime_ns)
+                  for root, _, names in os.walk(folder) for name in names)
+
+
+def test_a_second_run_on_the_backup_dir_of_a_run_in_progress_is_refused(run_python, tmp_path):
+    backup_dir = tmp_path / "backup"
+    during = {}
+
+    class SecondRun(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            if epoch == 1:  # after the backup of epoch 1 (the callback before this one)
+                before = _listing(backup_dir)
+                during["run"] = run_python(SECOND_RUN, env={"BACKUP_DIR": str(backup_dir)})
+                during["unchanged"] = _listing(backup_dir) == before
+
+    history = _fit(backup_dir, [SecondRun()])
+    assert history.epoch == [0, 1, 2]  # the first run went on to its end
+    output = during["run"].stdout
+    assert output.startswith("REFUSED backup_dir is in use by another training run "
+                             f"(pid {os.getpid()} on host {socket.gethostname()}, since "), output
+    assert f"Received: backup_dir={str(backup_dir)!r}" in output
+    assert "Wait for that run to end" in output and "a backup_dir of its own" in output
+    assert during["unchanged"]  # nothing of the first run's backups touched
+
+    # Ended, it frees the folder: the next run takes it over and resumes after epoch 2
+    after = run_python(SECOND_RUN, env={"BACKUP_DIR": str(backup_dir)})
+    assert "TRAINED epochs []" in after.stdout, after.stdout
+
+
+def test_a_symbolic_link_as_the_lock_file_is_not_followed(tmp_path):
+    backup_dir, target = tmp_path / "backup", tmp_path / "someone_elses_file"
+    backup_dir.mkdir()
+    target.write_text("kept")
+    (backup_dir / ".lock").symlink_to(target)
+    with pytest.raises(RuntimeError) as refused:
+        _fit(backup_dir)
+    assert str(refused.value) == (
+        f"BackupAndRestore cannot open its lock file {backup_dir / '.lock'} (Too many "
+        "levels of symbolic links); it never follows a symbolic link there. Received: "
+        f"backup_dir={str(backup_dir)!r}. Delete {backup_dir / '.lock'} (strategykit makes "
+        "it anew), or give this run a backup_dir of its own.")
+    assert target.read_text() == "kept"
+
+
+def test_a_file_system_without_locks_is_warned_of_and_training_goes_on(tmp_path, monkeypatch):
+    class NoLocks:
+        LOCK_EX, LOCK_NB = 2, 4
+
+        @staticmethod
+        def flock(descriptor, operation):
+            raise OSError(37, "No locks available")
+
+    monkeypatch.setattr(backup_lock, "fcntl", NoLocks)
+    with pytest.warns(UserWarning, match=r"cannot lock .*\.lock \(No locks available: the "
+                                         r"file system offers no locks\)"):
+        history = _fit(tmp_path / "backup", epochs=2)
+    assert history.epoch == [0, 1]
+    assert (tmp_path / "backup" / "backup-000001").is_dir()
