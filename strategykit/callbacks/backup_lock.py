@@ -1,4 +1,4 @@
-"""One training run at a time per `backup_dir`: `BackupDirLock`.
+"""One training run at a time per `backup_dir`: `acquire` and `release`.
 
 Two runs writing one `backup_dir` would undo each other: each starts by clearing the
 other's backup in progress (`.writing`), each numbers its backups after the other's and
@@ -8,9 +8,10 @@ deletes the older ones, and a resume could load the other run's weights. So the 
 
 The lock is `flock(2)`'s: the system releases it when its process ends, however it ends
 (a SIGKILL, a lost machine's restart), so a killed run never leaves a stale lock behind
-and the same command goes on at once. It stays with a process whose `fit()` ended by an
-exception (Keras then calls no `on_train_end`), and a later `fit()` of that process on the
-same `backup_dir` takes it over: a notebook can interrupt a run and start it again.
+and the same command goes on at once; a process forked during `fit()` does not inherit
+it. It stays with a process whose `fit()` ended by an exception (Keras then calls no
+`on_train_end`), and a later `fit()` of that process on the same `backup_dir` takes it
+over: a notebook can interrupt a run and start it again.
 """
 
 from __future__ import annotations
@@ -31,6 +32,17 @@ from strategykit.callbacks.backup_integrity import PRIVATE_FILE
 
 LOCK_FILE = ".lock"
 _held: dict[str, int] = {}  # real path of a backup_dir -> the descriptor locking it here
+
+
+def _drop_inherited() -> None:
+    """In a process forked during `fit()` (a data loader's workers, say): closes its copies
+    of the lock's descriptors, which would otherwise keep the lock after its parent
+    released it. The parent's own descriptors hold it on."""
+    while _held:
+        os.close(_held.popitem()[1])
+
+
+os.register_at_fork(after_in_child=_drop_inherited)
 
 
 def acquire(backup_dir: str) -> None:

@@ -7,8 +7,11 @@ run's next run resumes in another process (test_backup_kill), and a `fit()` stop
 exception is resumed by the same process (test_callbacks_backup), as is a worker that
 is not the chief (it writes no backup_dir: tests/cluster/test_launch_resume.py)."""
 
+import fcntl
 import os
+import signal
 import socket
+import time
 
 import keras
 import numpy as np
@@ -111,3 +114,27 @@ def test_a_file_system_without_locks_is_warned_of_and_training_goes_on(tmp_path,
         history = _fit(tmp_path / "backup", epochs=2)
     assert history.epoch == [0, 1]
     assert (tmp_path / "backup" / "backup-000001").is_dir()
+
+
+def test_a_process_forked_while_the_lock_is_held_does_not_keep_it(tmp_path):
+    # A data loader's worker forked during fit(), still alive after fit() ends
+    backup_lock.acquire(str(tmp_path))
+    started, tell = os.pipe()
+    child = os.fork()
+    if child == 0:  # os.fork() returns here after the fork hooks ran
+        os.write(tell, b"x")
+        time.sleep(30)
+        os._exit(0)
+    try:
+        assert os.read(started, 1) == b"x"
+        backup_lock.release(str(tmp_path))
+        descriptor = os.open(tmp_path / ".lock", os.O_RDWR)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free: no child holds it
+        finally:
+            os.close(descriptor)
+    finally:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+        os.close(started)
+        os.close(tell)
