@@ -98,7 +98,7 @@ def release(backup_dir: str) -> None:
 
 
 def _holder(descriptor: int) -> str:
-    """Who holds the lock, as the lock file says: "pid 12 on host a since ..."."""
+    """Who holds the lock, as the lock file says: "pid 12 on host a, since ..."."""
     try:
         holder = json.loads(os.pread(descriptor, 4096, 0).decode())
         return f"pid {holder['pid']} on host {holder['host']}, since {holder['since']}"

@@ -1,11 +1,12 @@
 """One run at a time per `backup_dir` (`strategykit.callbacks.backup_lock`).
 
 A second process starting `fit()` on the `backup_dir` of a run in progress is refused,
-naming the run, and leaves its backups as they were; once the run has ended, the next
-one takes the folder over. What frees the lock at once is tested elsewhere: a SIGKILLed
-run's next run resumes in another process (test_backup_kill), and a `fit()` stopped by an
-exception is resumed by the same process (test_callbacks_backup), as is a worker that
-is not the chief (it writes no backup_dir: tests/cluster/test_launch_resume.py)."""
+naming the run, and leaves its backups as they were; once the run has ended, its lock is
+free, and a process forked while it was held keeps none of it. Tested elsewhere: a
+SIGKILLed run's next run resumes in another process (test_backup_kill), a `fit()`
+stopped by an exception is resumed by the same process (test_callbacks_backup), and a
+worker that is not the chief takes no lock (tests/cluster/test_launch_resume.py, every
+worker on one machine)."""
 
 import fcntl
 import os
