@@ -31,6 +31,9 @@ except ImportError:  # Windows: no flock(2)
 from strategykit.callbacks.backup_integrity import PRIVATE_FILE
 
 LOCK_FILE = ".lock"
+# As the launcher's private files (`launcher.private_files`), without O_EXCL: a lock file
+# is opened again by each run.
+_FLAGS = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 _held: dict[str, int] = {}  # real path of a backup_dir -> the descriptor locking it here
 
 
@@ -56,8 +59,7 @@ def acquire(backup_dir: str) -> None:
         return
     path = os.path.join(backup_dir, LOCK_FILE)
     try:
-        descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                             PRIVATE_FILE)
+        descriptor = os.open(path, _FLAGS, PRIVATE_FILE)
     except OSError as error:  # a symbolic link (ELOOP), a folder, no permission
         raise RuntimeError(
             f"BackupAndRestore cannot open its lock file {path} ({error.strerror}); it "
